@@ -1,0 +1,45 @@
+"""rlcore: GRPO-family RL for LLMs with multi-turn rollouts, where everything you swap is a plugin."""
+
+from __future__ import annotations
+
+from .errors import (
+    ConfigError,
+    DatasetError,
+    EnvError,
+    MissingDependencyError,
+    PluginError,
+    RlcoreError,
+    SamplerError,
+    UnknownComponentError,
+)
+from .hookspecs import hookimpl, hookspec
+from .plugins import RunHooks, available, get, plugins, reload_plugins
+from .types import Batch, ChatMessage, Completion, Prompt, SamplingParams, Trajectory, Turn
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Batch",
+    "ChatMessage",
+    "Completion",
+    "ConfigError",
+    "DatasetError",
+    "EnvError",
+    "MissingDependencyError",
+    "PluginError",
+    "Prompt",
+    "RlcoreError",
+    "RunHooks",
+    "SamplerError",
+    "SamplingParams",
+    "Trajectory",
+    "Turn",
+    "UnknownComponentError",
+    "__version__",
+    "available",
+    "get",
+    "hookimpl",
+    "hookspec",
+    "plugins",
+    "reload_plugins",
+]

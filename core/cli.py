@@ -1,0 +1,100 @@
+"""The ``rlcore`` command. Subcommands come from built-in modules and from plugins'
+``register_commands`` hooks, so ``rlcore openenv serve`` appears when rl-plugin-openenv is installed."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from .errors import RlcoreError
+from .plugins import plugins
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="rlcore")
+def cli() -> None:
+    """rlcore: GRPO-family reinforcement learning for LLMs, with plugins for everything you swap."""
+
+
+@cli.command(name="plugins")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option("--all", "show_all", is_flag=True, help="Include rlcore's built-in plugins.")
+def plugins_command(as_json: bool, show_all: bool) -> None:
+    """List installed plugins: distribution, version, components per kind, hooks, errors."""
+    records = [r for r in plugins().list() if show_all or not r.builtin]
+    if as_json:
+        click.echo(json.dumps([r.to_dict() for r in records], indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="rlcore plugins" + (" (incl. built-in)" if show_all else ""))
+    for col in ("distribution", "version", "components", "hooks", "error"):
+        table.add_column(col, overflow="fold")
+    for r in records:
+        comps = "\n".join(f"{k}: {', '.join(sorted(v))}" for k, v in sorted(r.components.items()))
+        table.add_row(
+            r.dist if not r.builtin else f"{r.dist} ({r.name})",
+            r.version or "-",
+            comps or "-",
+            "\n".join(sorted(r.hooks)) or "-",
+            f"[red]{r.error}[/red]" if r.error else "",
+        )
+    console = Console(width=max(Console().width, 120))
+    if not records:
+        console.print("No third-party plugins installed. `rlcore plugins --all` shows the built-in ones.")
+        return
+    console.print(table)
+
+
+@cli.command(name="components")
+@click.argument("kind", required=False)
+def components_command(kind: str | None) -> None:
+    """List registered component names per kind (scheduler, env, reward, loss, advantage, sampler)."""
+    from .hookspecs import KINDS
+
+    p = plugins()
+    for k in [kind] if kind else list(KINDS):
+        names = p.available(k)
+        click.echo(f"{k}: {', '.join(names) if names else '-'}")
+
+
+#: built-in command modules, each with ``register(cli)``; absent ones are skipped
+_BUILTIN_COMMAND_MODULES = ("rlcore.rollout.cli", "rlcore.train_cli", "rlcore.scaffold")
+
+
+def _load_commands() -> None:
+    import importlib
+
+    for modname in _BUILTIN_COMMAND_MODULES:
+        try:
+            mod = importlib.import_module(modname)
+        except ModuleNotFoundError as exc:
+            if exc.name == modname:
+                continue
+            raise
+        mod.register(cli)
+    plugins().register_commands(cli)
+
+
+def main(argv: list[str] | None = None) -> Any:
+    """Console-script entry: user errors print one line and exit 2; bugs keep their traceback."""
+    _load_commands()
+    try:
+        return cli.main(args=argv, standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(130)
+    except click.exceptions.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except RlcoreError as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

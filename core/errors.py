@@ -1,0 +1,42 @@
+"""rlcore's own exception types.
+
+Every error a user can cause is raised as one of these with a single line that names the
+culprit and says what to do. Tracebacks are for bugs; the CLI prints these as one line.
+"""
+
+from __future__ import annotations
+
+
+class RlcoreError(Exception):
+    """Base class of every error a user can cause."""
+
+
+class ConfigError(RlcoreError, ValueError):
+    """A configuration value, flag or file is wrong."""
+
+
+class UnknownComponentError(RlcoreError, KeyError):
+    """A scheduler/env/reward/loss/advantage/sampler name that no plugin registers."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class PluginError(RlcoreError):
+    """A plugin failed to import, or registered something invalid (e.g. a taken name)."""
+
+
+class SamplerError(RlcoreError):
+    """A generation backend failed or was used wrongly."""
+
+
+class EnvError(RlcoreError):
+    """An environment failed: reset/step raised, the server is down, or a session broke."""
+
+
+class DatasetError(RlcoreError):
+    """A dataset is missing, unreadable, or lacks the columns a run needs."""
+
+
+class MissingDependencyError(RlcoreError, ImportError):
+    """An optional dependency is not installed; the message says what to pip install."""

@@ -1,0 +1,163 @@
+"""The hooks rlcore calls. Plugins implement them with ``@rlcore.hookimpl``.
+
+Two kinds. *Registration* hooks run once when plugins load; each receives a ``register(name,
+factory)`` callback. *Lifecycle* hooks run during a rollout or training step on the plugins active
+for that run (the chosen scheduler, its environment, the chosen rewards and advantage estimator,
+and any plugin module that implements them as an observer). Lifecycle hooks may be ``async def``:
+the driver awaits whatever comes back.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("rlcore")
+hookimpl = pluggy.HookimplMarker("rlcore")
+
+Register = Callable[..., None]
+
+# ---------------------------------------------------------------------------------------------------
+# Registration hooks
+# ---------------------------------------------------------------------------------------------------
+
+
+@hookspec
+def register_schedulers(register: Register) -> None:
+    """Register rollout schedulers: ``register("my_scheduler", MySchedulerClass)``.
+
+    The factory is called with the run's scheduler options as keyword arguments and must return a
+    :class:`rlcore.rollout.RolloutScheduler` (or anything with the same methods).
+    """
+
+
+@hookspec
+def register_envs(register: Register) -> None:
+    """Register environments: ``register("guess_number", GuessNumberEnv)``.
+
+    The factory is called with the environment's options and returns an :class:`rlcore.envs.Env`.
+    """
+
+
+@hookspec
+def register_rewards(register: Register) -> None:
+    """Register reward functions: ``register("accuracy", accuracy_fn)``.
+
+    A reward is a function (sync or async) whose parameter names say what it needs (``completions``,
+    ``trajectories``, any dataset column such as ``answer``, ``infos``, ``trainer_state`` …); it
+    returns one float (or ``None``) per trajectory. A :class:`rlcore.rewards.Reward` subclass works too.
+    """
+
+
+@hookspec
+def register_losses(register: Register) -> None:
+    """Register policy losses: ``register("grpo", grpo_loss)`` with the signature
+    ``loss(logps, old_logps, advantages, mask, *, ref_logps=None, sampler_logps=None, config) -> (loss, metrics)``.
+    """
+
+
+@hookspec
+def register_advantages(register: Register) -> None:
+    """Register advantage estimators: ``register("grpo", GRPOAdvantage)``. The factory gets the run's
+    config and returns an object implementing ``compute_advantage``."""
+
+
+@hookspec
+def register_samplers(register: Register) -> None:
+    """Register generation backends: ``register("hf", HFSampler)``. The factory is called with
+    ``model=…, tokenizer=…`` and backend options, and returns a :class:`rlcore.sampling.Sampler`."""
+
+
+@hookspec
+def register_commands(cli: Any) -> None:
+    """Add subcommands to the ``rlcore`` command line. ``cli`` is the root :mod:`click` group:
+
+    ``@cli.command() def hello(): ...``
+    """
+
+
+# ---------------------------------------------------------------------------------------------------
+# Lifecycle hooks
+# ---------------------------------------------------------------------------------------------------
+
+
+@hookspec
+def on_trajectory_start(trajectories: list[Any]) -> None:
+    """Called once per batch before the first turn, with every trajectory of the batch.
+
+    All implementations run. Schedulers and environment adapters reset environments here and put
+    the first observation into each trajectory's ``messages``/``prompt_ids``; an implementation may
+    mark a trajectory failed (``trajectory.fail(reason)``) instead of raising.
+    """
+
+
+@hookspec
+def on_turn_end(trajectory: Any, completion: Any, turn: int) -> dict[str, Any] | None:
+    """Called after each assistant turn (``turn`` counts from 1) with the sampled ``completion``.
+
+    All implementations run; the dicts they return are merged: ``done`` (bool, any True ends the
+    trajectory), ``infos`` (dict, merged into ``trajectory.infos``), ``reward`` (a step reward
+    appended to ``trajectory.step_rewards``). Environment adapters step their environment here.
+    """
+
+
+@hookspec(firstresult=True)
+def step(trajectory: Any, completion: Any, turn: int) -> dict[str, Any] | None:
+    """Build the next turn. First result wins.
+
+    Returns ms-swift's shape: ``{"infer_request": trajectory}`` after appending a message to
+    ``trajectory.messages`` (the engine appends that message's tokens, loss_mask 0), optionally with
+    ``response_token_ids``, ``response_loss_mask``, ``rollout_logprobs`` and ``rollout_infos``.
+    """
+
+
+@hookspec(firstresult=True)
+def check_finished(trajectory: Any, completion: Any, turn: int) -> bool | None:
+    """Say whether the trajectory is finished after ``turn``. First result wins; the built-in default
+    stops on ``finish_reason == "length"`` or when ``turn >= max_turns``."""
+
+
+@hookspec
+def compute_reward(trajectories: list[Any]) -> dict[str, list[float | None]] | None:
+    """Score a batch. All implementations run; each returns named reward columns (one value per
+    trajectory, ``None`` where it could not score). The trainer takes the weighted sum."""
+
+
+@hookspec(firstresult=True)
+def compute_advantage(rewards: Any, groups: list[str], trajectories: list[Any], config: Any) -> Any:
+    """Turn rewards into advantages. First result wins (the run's chosen estimator).
+
+    ``rewards`` is a float tensor [B] (NaN where no reward), ``groups`` the group id of each
+    trajectory (the ``num_generations`` samples of one prompt share one). Returns a tensor [B]
+    (sequence-level) or a list of per-completion-token lists (step-level estimators).
+    """
+
+
+LIFECYCLE_HOOKS = (
+    "on_trajectory_start",
+    "on_turn_end",
+    "step",
+    "check_finished",
+    "compute_reward",
+    "compute_advantage",
+)
+REGISTRATION_HOOKS = (
+    "register_schedulers",
+    "register_envs",
+    "register_rewards",
+    "register_losses",
+    "register_advantages",
+    "register_samplers",
+    "register_commands",
+)
+#: registration hook -> component kind
+KIND_OF_HOOK = {
+    "register_schedulers": "scheduler",
+    "register_envs": "env",
+    "register_rewards": "reward",
+    "register_losses": "loss",
+    "register_advantages": "advantage",
+    "register_samplers": "sampler",
+}
+KINDS = tuple(KIND_OF_HOOK.values())

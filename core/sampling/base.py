@@ -1,0 +1,61 @@
+"""The sampler protocol every generation backend implements.
+
+Token-in / token-out: prompts are token ids, completions come back as token ids with the logprob
+of every sampled token (they feed importance-sampling correction). Everything is ``async`` so many
+trajectories can wait on generation at once; backends batch what arrives together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Iterable, Mapping, Union
+
+from ..types import Completion, SamplingParams
+
+WeightsLike = Union[Mapping[str, Any], Iterable[tuple[str, Any]]]
+
+
+class Sampler:
+    """Base class of generation backends. Subclasses implement :meth:`generate`; the rest has sane
+    defaults built on it.
+
+    Attributes: ``tokenizer`` (a transformers tokenizer, used for chat templates and decoding),
+    ``policy_version`` (incremented by every :meth:`update_weights`).
+    """
+
+    name: str = "sampler"
+    tokenizer: Any = None
+    policy_version: int = 0
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        """One completion of ``prompt_ids`` (``params.n`` is ignored here; see :meth:`generate_n`)."""
+        raise NotImplementedError
+
+    async def generate_n(self, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
+        """``params.n`` completions of one prompt."""
+        one = params.replace(n=1)
+        seeds = [None if params.seed is None else params.seed + i for i in range(params.n)]
+        return list(await asyncio.gather(*(self.generate(prompt_ids, one.replace(seed=s)) for s in seeds)))
+
+    async def generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        """``params.n`` completions for each prompt, in order."""
+        return list(await asyncio.gather(*(self.generate_n(p, params) for p in prompts)))
+
+    def update_weights(self, weights: WeightsLike, *, lora: bool = False) -> None:
+        """Load new policy weights (named tensors or a state dict; only adapter weights when ``lora``)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot load weights")
+
+    def sleep(self, level: int = 1) -> None:
+        """Free accelerator memory while the trainer works (no-op where the backend cannot)."""
+
+    def wake_up(self) -> None:
+        """Undo :meth:`sleep`."""
+
+    def reset_prefix_cache(self) -> None:
+        """Drop cached prefixes (after a weight sync they are stale)."""
+
+    async def close(self) -> None:
+        """Release the backend's resources."""
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False) if self.tokenizer is not None else ""

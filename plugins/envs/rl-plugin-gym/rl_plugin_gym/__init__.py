@@ -1,0 +1,1 @@
+"""gymnasium environments and text games for rlcore, with gym_scheduler."""

@@ -1,0 +1,1 @@
+"""Math rewards for rlcore: GSM8K accuracy and format, math-verify accuracy, cosine, repetition, soft overlong."""

@@ -1,0 +1,1 @@
+"""Tip schedulers for rlcore: math_tip_trick and thinking_tips_scheduler."""

@@ -157,8 +157,8 @@ class Plugins:
                 rec.hooks = [hc.name for hc in (self.pm.get_hookcallers(rec.module) or [])]
         for hook_name, kind in hookspecs.KIND_OF_HOOK.items():
             caller = getattr(self.pm.hook, hook_name)
-            # registration order = plugin load order (built-ins first), so first come keeps a name
-            for impl in reversed(caller.get_hookimpls()):
+            # get_hookimpls() is in registration order (built-ins first): the first to register a name keeps it
+            for impl in caller.get_hookimpls():
                 rec = self.records.get(impl.plugin_name)
                 if rec is None or rec.error:
                     continue
@@ -174,8 +174,11 @@ class Plugins:
             for n in (name, *aliases):
                 taken = self.registry[kind].get(n) or self.registry[kind].get(self._aliases[kind].get(n, ""))
                 if taken is not None:
+                    first, second = taken.dist, rec.dist
+                    if first == second:
+                        first, second = f"{first} ({taken.plugin})", f"{second} ({rec.name})"
                     msg = (
-                        f"{kind} name {n!r} is registered by both {taken.dist} and {rec.dist}; "
+                        f"{kind} name {n!r} is registered by both {first} and {second}; "
                         f"uninstall one of them or rename the {kind}"
                     )
                     rec.error = msg
@@ -230,7 +233,7 @@ class Plugins:
         return out
 
     def register_commands(self, cli: Any) -> None:
-        for impl in reversed(self.pm.hook.register_commands.get_hookimpls()):
+        for impl in self.pm.hook.register_commands.get_hookimpls():
             rec = self.records.get(impl.plugin_name)
             if rec is None or rec.error:
                 continue

@@ -1,0 +1,63 @@
+"""Write, pip-install and uninstall throwaway plugin packages in tests (real installs, no mocks)."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Iterator
+
+
+def write_plugin_package(root: Path, dist: str, module: str, source: str, entry_point: str | None = None) -> Path:
+    """Create ``root/dist`` holding a one-module plugin package with an ``rlcore`` entry point."""
+    pkg = Path(root) / dist
+    (pkg / module).mkdir(parents=True, exist_ok=True)
+    (pkg / module / "__init__.py").write_text(textwrap.dedent(source))
+    (pkg / "pyproject.toml").write_text(
+        textwrap.dedent(
+            f"""
+            [build-system]
+            requires = ["setuptools>=68"]
+            build-backend = "setuptools.build_meta"
+
+            [project]
+            name = "{dist}"
+            version = "0.0.1"
+            dependencies = ["rlcore"]
+
+            [project.entry-points.rlcore]
+            {entry_point or module} = "{module}"
+
+            [tool.setuptools]
+            packages = ["{module}"]
+            """
+        )
+    )
+    return pkg
+
+
+def pip(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args],
+        capture_output=True, text=True, check=False,
+    )
+
+
+@contextlib.contextmanager
+def installed(path: Path, dist: str, editable: bool = False) -> Iterator[None]:
+    """pip-install the package at ``path`` for the duration of the block, then uninstall it."""
+    args = ["install", "--no-deps", "--no-build-isolation"]
+    args += ["-e", str(path)] if editable else [str(path)]
+    res = pip(*args)
+    if res.returncode != 0:
+        raise RuntimeError(f"pip install {path} failed: {res.stderr.strip().splitlines()[-1:]}")
+    import importlib
+
+    importlib.invalidate_caches()
+    try:
+        yield
+    finally:
+        pip("uninstall", "-y", dist)
+        importlib.invalidate_caches()

@@ -1,0 +1,102 @@
+"""End to end: a brand-new plugin package, really pip-installed, shows up in `rlcore plugins` and the registry."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import rlcore
+from rlcore.testing.packages import installed, write_plugin_package
+
+
+SCHEDULER_PLUGIN = '''
+import rlcore
+
+
+class EchoScheduler:
+    """A toy scheduler: enough to prove registration; rollouts are tested elsewhere."""
+
+    def __init__(self, **options):
+        self.options = options
+
+
+@rlcore.hookimpl
+def register_schedulers(register):
+    register("echo_scheduler_e2e", EchoScheduler)
+
+
+@rlcore.hookimpl
+def on_turn_end(trajectory, completion, turn):
+    return None
+'''
+
+BROKEN_PLUGIN = '''
+raise ImportError("this plugin needs libfoo; pip install libfoo")
+'''
+
+
+def _plugins_json(allow: str) -> list[dict]:
+    env = dict(os.environ, RLCORE_PLUGINS=allow)
+    out = subprocess.run(
+        [sys.executable, "-m", "rlcore.cli", "plugins", "--json"], capture_output=True, text=True, env=env, check=True
+    )
+    return json.loads(out.stdout)
+
+
+def test_new_plugin_package_is_listed_and_its_scheduler_resolves(tmp_path, monkeypatch):
+    dist = "rlcore-e2e-echo-plugin"
+    pkg = write_plugin_package(tmp_path, dist, "rlcore_e2e_echo", SCHEDULER_PLUGIN)
+    with installed(pkg, dist):
+        listed = _plugins_json(dist)
+        (entry,) = [d for d in listed if d["name"] == dist]
+        assert entry["version"] == "0.0.1"
+        assert entry["error"] is None
+        assert entry["components"] == {"scheduler": ["echo_scheduler_e2e"]}
+        assert set(entry["hooks"]) == {"register_schedulers", "on_turn_end"}
+
+        monkeypatch.setenv("RLCORE_PLUGINS", dist)
+        rlcore.reload_plugins()
+        factory = rlcore.get("scheduler", "echo_scheduler_e2e")
+        assert factory(max_turns=3).options == {"max_turns": 3}
+        # a plugin implementing a lifecycle hook is an observer in every run
+        assert any(getattr(m, "__name__", "") == "rlcore_e2e_echo" for m in rlcore.plugins().observers())
+
+        # the allow-list keeps it out when not named
+        monkeypatch.setenv("RLCORE_PLUGINS", "")
+        rlcore.reload_plugins()
+        with pytest.raises(rlcore.UnknownComponentError):
+            rlcore.get("scheduler", "echo_scheduler_e2e")
+    rlcore.reload_plugins()
+    assert dist not in {d["name"] for d in _plugins_json(dist)}
+
+
+def test_plugin_whose_import_raises_is_shown_with_its_error(tmp_path, monkeypatch):
+    good_dist, bad_dist = "rlcore-e2e-good-plugin", "rlcore-e2e-broken-plugin"
+    good = write_plugin_package(tmp_path, good_dist, "rlcore_e2e_good", SCHEDULER_PLUGIN.replace("echo_scheduler_e2e", "good_e2e"))
+    bad = write_plugin_package(tmp_path, bad_dist, "rlcore_e2e_broken", BROKEN_PLUGIN)
+    with installed(good, good_dist), installed(bad, bad_dist):
+        listed = {d["name"]: d for d in _plugins_json(f"{good_dist},{bad_dist}")}
+        assert listed[bad_dist]["error"] == "ImportError: this plugin needs libfoo; pip install libfoo"
+        assert listed[good_dist]["error"] is None
+        assert listed[good_dist]["components"] == {"scheduler": ["good_e2e"]}
+
+        # the table form still works with a broken plugin installed
+        env = dict(os.environ, RLCORE_PLUGINS=f"{good_dist},{bad_dist}", COLUMNS="200")
+        table = subprocess.run([sys.executable, "-m", "rlcore.cli", "plugins"], capture_output=True, text=True, env=env)
+        assert table.returncode == 0 and bad_dist in table.stdout and "libfoo" in table.stdout
+
+
+def test_duplicate_names_across_distributions_name_both(tmp_path):
+    a, b = "rlcore-e2e-dup-a", "rlcore-e2e-dup-b"
+    src = SCHEDULER_PLUGIN.replace("echo_scheduler_e2e", "dup_e2e")
+    pa = write_plugin_package(tmp_path, a, "rlcore_e2e_dup_a", src)
+    pb = write_plugin_package(tmp_path, b, "rlcore_e2e_dup_b", src)
+    with installed(pa, a), installed(pb, b):
+        listed = {d["name"]: d for d in _plugins_json(f"{a},{b}")}
+        errors = [d["error"] for d in listed.values() if d["error"]]
+        assert len(errors) == 1
+        assert a in errors[0] and b in errors[0] and "dup_e2e" in errors[0]

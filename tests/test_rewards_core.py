@@ -1,0 +1,105 @@
+"""Reward plumbing: arguments by signature, per-sample error isolation, weighting, async concurrency."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from rlcore import RunHooks
+from rlcore.rewards import FunctionReward, Reward, as_reward, compute_rewards
+from rlcore.types import Completion, Trajectory, Turn
+
+
+def _trajs(n: int = 3) -> list[Trajectory]:
+    out = []
+    for i in range(n):
+        t = Trajectory(
+            prompt_ids=[1],
+            messages=[{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"answer {i}"}],
+            data={"answer": str(i), "difficulty": i * 10},
+        )
+        t.turns.append(Turn.sampled(Completion([5] * (i + 1), [-0.1] * (i + 1), text=f"answer {i}")))
+        t.step_rewards = [float(i)]
+        out.append(t)
+    return out
+
+
+async def test_rewards_get_only_the_arguments_they_name():
+    seen = {}
+
+    def exact(completions, answer):
+        seen["args"] = (completions, answer)
+        return [1.0 if c.endswith(a) else 0.0 for c, a in zip(completions, answer)]
+
+    trajs = _trajs()
+    cols = await compute_rewards(RunHooks(FunctionReward("exact", exact), observers=False), trajs)
+    assert cols == {"exact": [1.0, 1.0, 1.0]}
+    assert seen["args"] == (["answer 0", "answer 1", "answer 2"], ["0", "1", "2"])
+
+
+async def test_trl_style_kwargs_reward_gets_every_column():
+    def trl_style(prompts, completions, **kwargs):
+        assert kwargs["difficulty"] == [0, 10, 20] and len(kwargs["completion_ids"]) == 3
+        assert prompts[1] == [{"role": "user", "content": "q1"}]
+        return [float(d) for d in kwargs["difficulty"]]
+
+    cols = await compute_rewards(RunHooks(as_reward("trl", trl_style), observers=False), _trajs())
+    assert cols["trl"] == [0.0, 10.0, 20.0]
+
+
+async def test_a_sample_that_raises_gets_none_and_is_counted():
+    def fragile(answer):
+        return [1.0 / int(a) for a in answer]  # ZeroDivisionError on the first row only
+
+    r = FunctionReward("fragile", fragile)
+    trajs = _trajs()
+    await compute_rewards(RunHooks(r, observers=False), trajs)
+    assert [t.rewards["fragile"] for t in trajs] == [None, 1.0, 0.5]
+    assert r.errors == 1
+    assert trajs[0].reward is None and trajs[2].reward == 0.5
+
+
+async def test_weighted_sum_skips_missing_values():
+    def a(completions):
+        return [1.0, None, 2.0]
+
+    def b(completions):
+        return [0.5, 0.5, float("nan")]
+
+    trajs = _trajs()
+    hooks = RunHooks(FunctionReward("a", a), FunctionReward("b", b), observers=False)
+    await compute_rewards(hooks, trajs, weights={"a": 2.0, "b": -1.0})
+    assert [t.reward for t in trajs] == [1.5, -0.5, 4.0]
+    assert trajs[2].rewards == {"a": 2.0, "b": None}
+
+
+async def test_async_rewards_run_concurrently_and_sync_ones_off_the_loop():
+    async def slow_async(completions):
+        await asyncio.sleep(0.3)
+        return [1.0] * len(completions)
+
+    def slow_sync(completions):
+        time.sleep(0.3)
+        return [2.0] * len(completions)
+
+    hooks = RunHooks(FunctionReward("x", slow_async), FunctionReward("y", slow_async), FunctionReward("z", slow_sync), observers=False)
+    t0 = time.perf_counter()
+    cols = await compute_rewards(hooks, _trajs())
+    assert time.perf_counter() - t0 < 0.75  # three 0.3 s rewards overlapped, not 0.9 s in series
+    assert cols["z"] == [2.0, 2.0, 2.0]
+
+
+async def test_reward_subclass_and_env_reward():
+    class Longest(Reward):
+        name = "longest"
+
+        def score(self, completion_ids):
+            m = max(len(c) for c in completion_ids)
+            return [float(len(c) == m) for c in completion_ids]
+
+    import rlcore
+
+    env = as_reward("env_reward", rlcore.get("reward", "env_reward"))
+    trajs = _trajs()
+    cols = await compute_rewards(RunHooks(as_reward("longest", Longest), env, observers=False), trajs)
+    assert cols == {"longest": [0.0, 0.0, 1.0], "env_reward": [0.0, 1.0, 2.0]}

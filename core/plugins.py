@@ -219,6 +219,10 @@ class Plugins:
             if self.allow is not None and _normalize(provider) not in self.allow and _dist_version(provider):
                 return f"{msg} ({provider} is installed but not in RLCORE_PLUGINS)"
             msg += f"; it is provided by {provider}: pip install {provider}"
+            return msg
+        broken = [r for r in self.records.values() if r.error and not r.builtin]
+        if broken:
+            msg += "; plugins that failed to load may provide it: " + "; ".join(f"{r.dist}: {r.error}" for r in broken)
         return msg
 
     def list(self) -> list[PluginRecord]:

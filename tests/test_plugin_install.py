@@ -89,6 +89,13 @@ def test_plugin_whose_import_raises_is_shown_with_its_error(tmp_path, monkeypatc
         table = subprocess.run([sys.executable, "-m", "rlcore.cli", "plugins"], capture_output=True, text=True, env=env)
         assert table.returncode == 0 and bad_dist in table.stdout and "libfoo" in table.stdout
 
+        # asking for a name nobody registered points at the broken plugin and its one-line error
+        monkeypatch.setenv("RLCORE_PLUGINS", f"{good_dist},{bad_dist}")
+        rlcore.reload_plugins()
+        with pytest.raises(rlcore.UnknownComponentError) as err:
+            rlcore.get("scheduler", "what_the_broken_one_had")
+        assert f"{bad_dist}: ImportError: this plugin needs libfoo" in str(err.value)
+
 
 def test_duplicate_names_across_distributions_name_both(tmp_path):
     a, b = "rlcore-e2e-dup-a", "rlcore-e2e-dup-b"

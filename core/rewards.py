@@ -88,7 +88,8 @@ class Reward:
 
     @hookimpl
     async def compute_reward(self, trajectories: list[Trajectory]) -> dict[str, list[float | None]]:
-        values, _ = await score_reward(self.name, self.score, trajectories, getattr(self, "trainer_state", None))
+        values, errors = await score_reward(self.name, self.score, trajectories, getattr(self, "trainer_state", None))
+        self.errors = getattr(self, "errors", 0) + errors  # samples that raised, like FunctionReward
         return {self.name: values}
 
 

@@ -1,7 +1,48 @@
+"""Fixtures for rl-plugin-math's tests: load only this plugin, real GSM8K rows, real trajectories."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
 import pytest
+
+from rlcore.types import Trajectory, Turn
+
+REPO_ROOT = Path(__file__).resolve().parents[4]
+GSM8K_TEST = REPO_ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
 
 
 @pytest.fixture
 def rlcore_plugins() -> str:
     """Load this package's plugin (and only it) in these tests."""
     return "rl-plugin-math"
+
+
+@pytest.fixture(scope="session")
+def gsm8k_rows() -> list[dict[str, Any]]:
+    """Every row of GSM8K's test split, read from the shared data folder (never copied here)."""
+    if not GSM8K_TEST.exists():
+        pytest.skip(f"GSM8K test split not found at {GSM8K_TEST} (the shared data folder is absent)")
+    with GSM8K_TEST.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+@pytest.fixture
+def make_traj() -> Callable[..., Trajectory]:
+    """A finished one-turn trajectory whose assistant message is ``text`` (and ``n_tokens`` tokens)."""
+
+    def make(text: str, row: dict[str, Any] | None = None, n_tokens: int = 4) -> Trajectory:
+        row = row or {}
+        ids = list(range(n_tokens))
+        return Trajectory(
+            prompt_ids=[1, 2, 3],
+            messages=[{"role": "user", "content": row.get("question", "q")}, {"role": "assistant", "content": text}],
+            data=dict(row),
+            turns=[Turn(token_ids=ids, loss_mask=[1] * n_tokens, logprobs=[-0.5] * n_tokens, text=text)],
+            status="ok",
+            num_turns=1,
+        )
+
+    return make

@@ -18,10 +18,21 @@ from .types import Batch, ChatMessage, Completion, Prompt, SamplingParams, Traje
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    """``rlcore.GRPOTrainer`` / ``rlcore.GRPOConfig`` without importing torch at ``import rlcore``."""
+    if name in ("GRPOConfig", "GRPOTrainer"):
+        from . import trainer
+
+        return getattr(trainer, name)
+    raise AttributeError(f"module 'rlcore' has no attribute {name!r}")
+
 __all__ = [
     "Batch",
     "ChatMessage",
     "Completion",
+    "GRPOConfig",
+    "GRPOTrainer",
     "ConfigError",
     "DatasetError",
     "EnvError",

@@ -27,11 +27,13 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlcore.rollout.plugin",
     "rlcore.algorithms.plugin",
     "rlcore.rewards",
+    "rlcore.tasks",
 )
 
 #: component name -> distribution that provides it, for "pip install X" hints on unknown names
 KNOWN_PROVIDERS: dict[str, str] = {
     "openenv_scheduler": "rl-plugin-openenv",
+    "openenv_tool_scheduler": "rl-plugin-openenv",
     "openenv_reward": "rl-plugin-openenv",
     "openenv": "rl-plugin-openenv",
     "gym_scheduler": "rl-plugin-gym",

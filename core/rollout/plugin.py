@@ -1,12 +1,28 @@
-"""Built-in schedulers, registered like any third-party plugin's."""
+"""Built-in schedulers, registered like any third-party plugin's, and the default ``check_finished``.
+
+Factories are ``"module:attr"`` strings so loading plugins stays cheap.
+"""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from ..hookspecs import hookimpl
 
 
 @hookimpl
 def register_schedulers(register: Callable[..., None]) -> None:
-    pass  # filled by the rollout work
+    register("default", "rlcore.rollout.scheduler:RolloutScheduler", aliases=("single_turn",),
+             description="one completion per prompt")
+    register("multi_turn", "rlcore.rollout.scheduler:MultiTurnScheduler",
+             description="many turns; subclass and override step/check_finished (ms-swift style)")
+    register("tool_scheduler", "rlcore.rollout.tools:ToolScheduler", aliases=("tool_call_scheduler",),
+             description="runs <tool_call> JSON calls with registered tools until none remain or max_turns")
+
+
+@hookimpl(trylast=True)
+def check_finished(trajectory: Any, completion: Any, turn: int) -> bool | None:
+    """The default when no scheduler decides: stop on a length-truncated completion."""
+    if getattr(completion, "finish_reason", None) == "length":
+        return True
+    return None

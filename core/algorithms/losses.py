@@ -1,0 +1,179 @@
+"""Policy losses of the GRPO family, one signature for all (and for third-party ones):
+
+    loss(logps, old_logps, advantages, mask, *, ref_logps=None, sampler_logps=None, is_valid=None, config)
+        -> (scalar loss, metrics dict of floats)
+
+``logps``/``old_logps``/``ref_logps``/``sampler_logps``/``mask`` are ``[B, T]`` over the completion
+positions; ``advantages`` is ``[B]`` (sequence-level) or ``[B, T]`` (step-level estimators);
+``old_logps`` is ``None`` when the rollout policy is the current one (one pass, μ=1), in which case
+the ratio is 1 but its gradient is the policy gradient. ``config`` is a :class:`LossConfig` (or any
+object with the same attributes).
+
+The normalisations follow TRL's ``loss_type`` so numbers are comparable:
+
+=========  ==================================================================================
+grpo       mean over each sequence's tokens, then mean over sequences
+bnpo       sum over all tokens / number of active tokens in the mini-batch
+dr_grpo    sum over all tokens / (sequences × max_completion_length)
+dapo       sum over all tokens / active tokens of the whole generation batch (``num_items``)
+gspo       one importance ratio per sequence (geometric mean of token ratios), grpo normalisation
+cispo      REINFORCE weighted by the clipped, detached ratio (ε_max = ``epsilon_high``); dapo norm.
+sapo       soft sigmoid gate instead of a hard clip (temperatures by advantage sign); grpo norm.
+=========  ==================================================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import attrs
+import torch
+
+from .is_correction import importance_weights
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo")
+
+
+@attrs.define
+class LossConfig:
+    """The knobs losses read. Built from a :class:`~rlcore.training.config.GRPOConfig` with
+    :meth:`from_args`; ``num_items`` is set by the trainer per generation batch (for dapo/cispo)."""
+
+    epsilon: float = 0.2
+    epsilon_high: float | None = None
+    delta: float | None = None
+    beta: float = 0.0
+    max_completion_length: int = 256
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    is_correction: str | None = None
+    is_threshold: float = 3.0
+    is_min_threshold: float | None = None
+    num_items: float | None = None
+
+    @property
+    def epsilon_low(self) -> float:
+        return self.epsilon
+
+    @property
+    def eps_high(self) -> float:
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+    @classmethod
+    def from_args(cls, args: Any, **overrides: Any) -> "LossConfig":
+        values = {f.name: getattr(args, f.name) for f in attrs.fields(cls) if hasattr(args, f.name)}
+        values.update(overrides)
+        return cls(**values)
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    if x.shape[-1] == 1 and mask.shape[-1] != 1:
+        rows = mask.sum(-1) > 0
+        return float(x.squeeze(-1)[rows].float().mean()) if rows.any() else 0.0
+    denom = mask.sum()
+    return float((x * mask).sum() / denom) if denom > 0 else 0.0
+
+
+def _policy_loss(
+    kind: str,
+    logps: torch.Tensor,
+    old_logps: torch.Tensor | None,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    ref_logps: torch.Tensor | None,
+    sampler_logps: torch.Tensor | None,
+    is_valid: torch.Tensor | None,
+    config: Any,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    cfg = config if isinstance(config, LossConfig) else LossConfig.from_args(config)
+    mask = mask.to(logps.dtype)
+    old = logps.detach() if old_logps is None else old_logps
+    adv = advantages.to(logps.dtype)
+    if adv.dim() == 1:
+        adv = adv.unsqueeze(1)
+    log_ratio = logps - old
+    if kind == "gspo":
+        log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+    ratio = torch.exp(log_ratio)
+    metrics: dict[str, float] = {}
+    eps_low, eps_high = cfg.epsilon_low, cfg.eps_high
+
+    if kind == "cispo":
+        weight = torch.clamp(ratio, max=eps_high).detach()
+        per_token = -weight * adv * logps
+        metrics["clip_ratio/high"] = _masked_mean(((ratio > eps_high) & (adv > 0)).to(logps.dtype).expand_as(mask), mask)
+        metrics["clip_ratio/low"] = 0.0
+    elif kind == "sapo":
+        temp = torch.where(adv > 0, torch.full_like(adv, cfg.sapo_temperature_pos), torch.full_like(adv, cfg.sapo_temperature_neg))
+        gate = torch.sigmoid(temp * (ratio - 1.0)) * 4.0 / temp
+        per_token = -gate * adv
+        metrics["clip_ratio/low"] = 0.0
+        metrics["clip_ratio/high"] = 0.0
+    else:  # grpo, bnpo, dr_grpo, dapo, gspo: PPO-style clipped surrogate
+        clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
+        unclipped = ratio if cfg.delta is None else torch.clamp(ratio, max=cfg.delta)
+        per_token = -torch.min(unclipped * adv, clipped * adv)
+        low = ((ratio < 1.0 - eps_low) & (adv < 0)).to(logps.dtype)
+        high = ((ratio > 1.0 + eps_high) & (adv > 0)).to(logps.dtype)
+        metrics["clip_ratio/low"] = _masked_mean(low.expand_as(mask) if low.shape[-1] == 1 else low, mask)
+        metrics["clip_ratio/high"] = _masked_mean(high.expand_as(mask) if high.shape[-1] == 1 else high, mask)
+    per_token = per_token.expand_as(mask) if per_token.shape != mask.shape else per_token
+
+    if cfg.is_correction and sampler_logps is not None:
+        weights, is_stats = importance_weights(
+            old, sampler_logps, mask, mode=cfg.is_correction, threshold=cfg.is_threshold,
+            min_threshold=cfg.is_min_threshold, is_valid=is_valid,
+        )
+        per_token = per_token * weights
+        metrics.update(is_stats)
+
+    if cfg.beta != 0.0:
+        if ref_logps is None:
+            raise ValueError("beta != 0 needs ref_logps (the reference model's logprobs)")
+        d = ref_logps - logps
+        kl = torch.exp(d) - d - 1.0  # k3: unbiased, always >= 0
+        per_token = per_token + cfg.beta * kl
+        metrics["kl"] = _masked_mean(kl.detach(), mask)
+
+    masked = per_token * mask
+    if kind in ("grpo", "gspo", "sapo"):
+        loss = (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    elif kind == "bnpo":
+        loss = masked.sum() / mask.sum().clamp(min=1.0)
+    elif kind == "dr_grpo":
+        loss = masked.sum() / (mask.shape[0] * cfg.max_completion_length)
+    else:  # dapo, cispo
+        denom = cfg.num_items if cfg.num_items is not None else mask.sum()
+        loss = masked.sum() / max(float(denom), 1.0)
+    metrics["clip_ratio/region"] = metrics["clip_ratio/low"] + metrics["clip_ratio/high"]
+    metrics["policy_loss"] = float(loss.detach())
+    return loss, metrics
+
+
+def _make(kind: str) -> Callable[..., tuple[torch.Tensor, dict[str, float]]]:
+    def loss(
+        logps: torch.Tensor,
+        old_logps: torch.Tensor | None,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        *,
+        ref_logps: torch.Tensor | None = None,
+        sampler_logps: torch.Tensor | None = None,
+        is_valid: torch.Tensor | None = None,
+        config: Any,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        return _policy_loss(kind, logps, old_logps, advantages, mask, ref_logps, sampler_logps, is_valid, config)
+
+    loss.__name__ = f"{kind}_loss"
+    loss.__qualname__ = loss.__name__
+    loss.__doc__ = f"The ``{kind}`` policy loss (see :mod:`rlcore.algorithms.losses`)."
+    return loss
+
+
+grpo_loss = _make("grpo")
+bnpo_loss = _make("bnpo")
+dr_grpo_loss = _make("dr_grpo")
+dapo_loss = _make("dapo")
+gspo_loss = _make("gspo")
+cispo_loss = _make("cispo")
+sapo_loss = _make("sapo")

@@ -1,0 +1,169 @@
+"""Datasets → :class:`rlcore.Prompt`: loading rows and encoding prompts with the chat template.
+
+A row becomes a conversation from its ``messages`` column (a list of role/content dicts), its
+``prompt`` column (text or messages), or a question-style column (``question``, ``problem``,
+``query``, ``instruction`` — or whichever ``prompt_column`` names). Every other column (``answer``,
+``solution``, ``env_config`` …) stays in ``Prompt.data`` so rewards and environments can read it.
+The prompt ids are the chat template rendered with the generation prompt, encoded once; the
+rollout engine never re-tokenises them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from .errors import DatasetError
+from .types import Prompt
+
+BUILTIN_DATASET_PATH = Path(__file__).with_name("data") / "arithmetic.jsonl"
+BUILTIN_NAMES = ("builtin", "arithmetic", "rlcore:arithmetic")
+QUESTION_COLUMNS = ("question", "problem", "query", "instruction", "input")
+_LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+def builtin_dataset() -> list[dict[str, Any]]:
+    """The small built-in task: 48 generated arithmetic questions with their answers."""
+    return _read_jsonl(BUILTIN_DATASET_PATH)
+
+
+def load_rows(source: str | Path | None = None, *, split: str = "train", limit: int | None = None) -> list[dict[str, Any]]:
+    """Rows from a local ``.jsonl``/``.json``/``.parquet`` file, the built-in set (``None`` or
+    ``"builtin"``), or a Hugging Face ``datasets`` name (``name`` or ``name:config``)."""
+    if source is None or str(source) in BUILTIN_NAMES:
+        rows = builtin_dataset()
+    else:
+        path = Path(str(source)).expanduser()
+        if path.exists() and path.is_file():
+            rows = _read_file(path)
+        elif path.suffix.lower() in _LOCAL_SUFFIXES or str(source).startswith((".", "/", "~")):
+            raise DatasetError(f"dataset file {str(source)!r} does not exist; pass an existing .jsonl/.json/.parquet file or a datasets name")
+        else:
+            rows = _read_hub(str(source), split)
+    if limit is not None:
+        rows = rows[: max(0, int(limit))]
+    if not rows:
+        raise DatasetError(f"dataset {str(source or 'builtin')!r} has no rows")
+    return rows
+
+
+def load_prompts(
+    source: str | Path | Sequence[dict[str, Any]] | None,
+    tokenizer: Any,
+    *,
+    split: str = "train",
+    prompt_column: str | None = None,
+    system_prompt: str | None = None,
+    limit: int | None = None,
+    tools: list[dict[str, Any]] | None = None,
+) -> list[Prompt]:
+    """Load a dataset (path, name, rows, or ``None`` for the built-in one) as encoded prompts."""
+    rows = list(source) if isinstance(source, (list, tuple)) else load_rows(source, split=split, limit=limit)
+    if isinstance(source, (list, tuple)) and limit is not None:
+        rows = rows[:limit]
+    return [row_to_prompt(r, tokenizer, prompt_column=prompt_column, system_prompt=system_prompt, tools=tools, index=i)
+            for i, r in enumerate(rows)]
+
+
+def row_messages(row: dict[str, Any], *, prompt_column: str | None = None, system_prompt: str | None = None,
+                 index: int = 0) -> tuple[list[dict[str, Any]], set[str]]:
+    """The conversation a row starts, and the columns consumed to build it."""
+    if not isinstance(row, dict):
+        raise DatasetError(f"dataset row {index} is a {type(row).__name__}, expected an object with columns")
+    if prompt_column is not None:
+        if prompt_column not in row:
+            raise DatasetError(
+                f"dataset row {index} has no column {prompt_column!r} (prompt_column); columns: {', '.join(map(str, row)) or 'none'}"
+            )
+        col = prompt_column
+    else:
+        col = next((c for c in ("messages", "prompt", *QUESTION_COLUMNS) if c in row), None)
+        if col is None:
+            raise DatasetError(
+                f"dataset row {index} has none of the columns messages, prompt, {', '.join(QUESTION_COLUMNS)} "
+                f"(it has: {', '.join(map(str, row)) or 'none'}); name the prompt column with --prompt-column"
+            )
+    value = row[col]
+    if isinstance(value, str):
+        messages = [{"role": "user", "content": value}]
+    elif isinstance(value, (list, tuple)) and all(isinstance(m, dict) and "role" in m for m in value):
+        messages = [dict(m) for m in value]
+    else:
+        raise DatasetError(f"dataset row {index} column {col!r} must be text or a list of role/content messages")
+    if system_prompt and not (messages and messages[0].get("role") == "system"):
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    return messages, {col} if col in ("messages", "prompt") else set()
+
+
+def row_to_prompt(row: dict[str, Any], tokenizer: Any, *, prompt_column: str | None = None,
+                  system_prompt: str | None = None, tools: list[dict[str, Any]] | None = None, index: int = 0) -> Prompt:
+    """One row as a :class:`Prompt` (messages, prompt ids with the generation prompt, extra columns)."""
+    from .rollout.tokens import encode_prompt
+
+    messages, used = row_messages(row, prompt_column=prompt_column, system_prompt=system_prompt, index=index)
+    data = {k: v for k, v in row.items() if k not in used}
+    return Prompt(messages=messages, prompt_ids=encode_prompt(tokenizer, messages, tools=tools), data=data)
+
+
+# --- readers ---------------------------------------------------------------------------------------
+def _read_file(path: Path) -> list[dict[str, Any]]:
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".jsonl":
+            return _read_jsonl(path)
+        if suffix == ".json":
+            obj = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(obj, dict):  # {"data": [...]} or column-oriented {"col": [...]}
+                if isinstance(obj.get("data"), list):
+                    obj = obj["data"]
+                elif obj and all(isinstance(v, list) for v in obj.values()):
+                    keys = list(obj)
+                    obj = [dict(zip(keys, vals)) for vals in zip(*obj.values())]
+            if not isinstance(obj, list):
+                raise DatasetError(f"{path}: expected a JSON list of row objects")
+            return list(obj)
+        if suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            return pq.read_table(path).to_pylist()
+    except DatasetError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - unreadable file is a user error
+        raise DatasetError(f"cannot read dataset {path}: {type(exc).__name__}: {exc}") from exc
+    raise DatasetError(f"dataset {path} has an unsupported extension {suffix!r}; use .jsonl, .json or .parquet")
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise DatasetError(f"{path} line {lineno} is not valid JSON: {exc.msg}") from exc
+    return rows
+
+
+def _read_hub(name: str, split: str) -> list[dict[str, Any]]:
+    try:
+        import datasets
+    except ImportError as exc:  # pragma: no cover - datasets is a dependency
+        raise DatasetError("reading a datasets name needs the 'datasets' package: pip install datasets") from exc
+    repo, _, config = name.partition(":")
+    try:
+        ds = datasets.load_dataset(repo, config or None, split=split)
+    except Exception as exc:  # noqa: BLE001
+        raise DatasetError(
+            f"cannot load dataset {name!r} (split {split!r}): {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; "
+            "pass a local .jsonl/.json/.parquet file instead"
+        ) from exc
+    return [dict(r) for r in ds]
+
+
+def iter_batches(prompts: Sequence[Prompt], batch_size: int) -> Iterable[list[Prompt]]:
+    """Consecutive batches of ``batch_size`` prompts (the last may be shorter)."""
+    for i in range(0, len(prompts), max(1, batch_size)):
+        yield list(prompts[i:i + batch_size])

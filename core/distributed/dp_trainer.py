@@ -1,0 +1,172 @@
+"""``RayGRPOTrainer``: the ordinary GRPOTrainer, made data-parallel and fed by remote samplers.
+
+Everything the single-process trainer does (rollout, rewards, advantages, logprobs, loss,
+checkpoints, metrics) is inherited unchanged, which is what makes a 1-trainer Ray run reproduce a
+single-process run's numbers. What changes:
+
+* prompts: every rank draws the same seeded generation batch and keeps its own slice of prompts
+  (whole groups, so group-relative advantages see complete groups);
+* gradients: averaged over the ranks' process group (gloo on CPU, NCCL on GPU) once per
+  optimizer step, explicitly — the trainer's chunked logprobs call the decoder body directly,
+  which bypasses DDP's forward and with it DDP's own gradient hooks;
+* weight sync: rank 0 exports the policy and pushes it to every sampler worker (object store);
+  the other ranks wait at a barrier so nobody samples with stale weights (sync mode);
+* checkpoints: only rank 0 writes them;
+* async generation: the next step's rollouts run in a background thread while this step trains;
+  groups older than ``max_staleness`` policy versions are dropped; IS correction against the
+  sampler's logprobs is switched on (``token_truncate``) unless the config chose a mode.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from typing import Any, Sequence
+
+from ..trainer import GRPOTrainer
+from ..types import Trajectory
+from .staleness import filter_stale, staleness_metrics
+from .weights import export_weights
+
+
+class RayGRPOTrainer(GRPOTrainer):
+    """GRPOTrainer for one rank of a Ray trainer group; ``sampler`` is a RemoteSampler pool."""
+
+    def __init__(
+        self,
+        *args: Any,
+        sync_every: int = 1,
+        async_generation: bool = False,
+        max_staleness: int = 1,
+        weight_sync: str = "object_store",
+        broadcast_backend: str = "gloo",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.sync_every = max(1, int(sync_every))
+        self.async_generation = bool(async_generation)
+        self.max_staleness = int(max_staleness)
+        self._pending: concurrent.futures.Future | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._dist_metrics: dict[str, float] = {}
+        self.weight_sync = weight_sync
+        self.broadcast_backend = broadcast_backend
+
+    # --- data parallel: this rank's share of the prompts -------------------------------------------
+    @property
+    def rank(self) -> int:
+        return int(self.args.process_index)
+
+    @property
+    def world(self) -> int:
+        return int(self.args.world_size)
+
+    def _next_prompts(self) -> list[Any]:
+        prompts = super()._next_prompts()
+        return prompts[self.rank :: self.world]
+
+    # --- gradients ---------------------------------------------------------------------------------------
+    def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> Any:
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        if self.world > 1 and self.accelerator.sync_gradients:
+            allreduce_gradients(self.model)
+        return loss
+
+    # --- weight sync ---------------------------------------------------------------------------------
+    def sync_weights(self) -> None:
+        """Rank 0 pushes the policy to every sampler every ``sync_every`` steps; others wait for it."""
+        import torch.distributed as dist
+
+        step = int(self.state.global_step)
+        if step % self.sync_every:
+            return  # step 0 syncs too: the samplers may hold another run's (or a resumed run's) weights
+        if self.rank == 0:
+            if self.weight_sync == "broadcast" and getattr(self.sampler, "_broadcast", None) is None:
+                self.sampler.setup_broadcast(self.broadcast_backend)
+            model = self.accelerator.unwrap_model(self.model)
+            weights, lora = export_weights(model, sampler_accepts_lora=self.sampler.accepts_lora(),
+                                           to_cpu=self.weight_sync != "broadcast")
+            metrics = self.sampler.update_weights(weights, lora=lora, version=step)
+            self._dist_metrics.update(metrics)
+        else:
+            self.sampler.policy_version = step
+        if dist.is_available() and dist.is_initialized() and self.world > 1:
+            dist.barrier()
+
+    # --- async generation ----------------------------------------------------------------------------
+    def rollout(self, prompts: Sequence[Any]) -> list[Trajectory]:
+        if not self.async_generation:
+            return super().rollout(prompts)
+        if self._pending is None:  # first step: nothing prefetched yet
+            trajs = super().rollout(prompts)
+            self._prefetch(self._next_prompts())
+        else:
+            t0 = time.perf_counter()
+            trajs = self._pending.result()
+            self._dist_metrics["async/wait_seconds"] = time.perf_counter() - t0
+            self._prefetch(prompts)
+        version = int(self.state.global_step)
+        kept, dropped = filter_stale(trajs, version, self.max_staleness)
+        self._dist_metrics.update(staleness_metrics(kept, dropped, version))
+        return kept
+
+    def _prefetch(self, prompts: Sequence[Any]) -> None:
+        """Start rolling out ``prompts`` in a background thread (its own event loop) right now."""
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rlcore-prefetch")
+        self._pending = self._executor.submit(GRPOTrainer.rollout, self, list(prompts))
+
+    def _finish_prefetch(self) -> None:
+        if self._pending is not None:
+            try:
+                self._pending.result()
+            except Exception:  # noqa: BLE001 - the run is over; a failed extra batch does not matter
+                pass
+            self._pending = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            self._finish_prefetch()
+
+    # --- metrics and checkpoints -----------------------------------------------------------------------
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        if "loss" in logs and "train_runtime" not in logs and self._dist_metrics:
+            self._gen_metrics.update(self._dist_metrics)
+            self._dist_metrics = {}
+        super().log(logs, *args, **kwargs)
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        """Rank 0 writes the checkpoint; the other ranks hold identical weights and skip it."""
+        if self.args.should_save:
+            super()._save_checkpoint(model, trial)
+
+
+def allreduce_gradients(model: Any) -> None:
+    """Average every gradient across the default process group, one flat buffer per dtype/device
+    (gloo has no AVG, so SUM then divide)."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    world = dist.get_world_size()
+    buckets: dict[tuple[Any, Any], list[Any]] = {}
+    for p in model.parameters():
+        if p.requires_grad:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)  # every rank must contribute the same tensors
+            buckets.setdefault((p.grad.dtype, p.grad.device), []).append(p.grad)
+    for grads in buckets.values():
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        flat.div_(world)
+        offset = 0
+        for g in grads:
+            n = g.numel()
+            g.copy_(flat[offset:offset + n].view_as(g))
+            offset += n

@@ -1,0 +1,137 @@
+"""``rlcore rollout``: run rollouts only (no training) and write one JSON object per trajectory.
+
+Defaults make it work with no arguments: the built-in tiny model, the built-in arithmetic dataset,
+the single-turn scheduler and the ``hf`` sampler. Options a scheduler or sampler declares (its
+factory's keyword parameters) are accepted as flags: ``--env-url X`` → ``env_url="X"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..errors import ConfigError
+
+
+def register(cli: Any) -> None:
+    """Add the ``rollout`` command to the ``rlcore`` group."""
+    cli.add_command(rollout_command)
+
+
+@click.command(
+    name="rollout",
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+)
+@click.option("--scheduler", default="default", show_default=True, help="Scheduler name (rlcore components scheduler).")
+@click.option("--model", default=None, help="Model directory or hub id [default: the built-in tiny model].")
+@click.option("--dataset", default=None, help=".jsonl/.json/.parquet file or datasets name [default: built-in arithmetic].")
+@click.option("--split", default="train", show_default=True, help="Dataset split (datasets names).")
+@click.option("--prompt-column", default=None, help="Column holding the prompt when it is not messages/prompt/question.")
+@click.option("--system-prompt", default=None, help="System message prepended to every prompt.")
+@click.option("--limit", type=int, default=8, show_default=True, help="Number of prompts (0: all).")
+@click.option("--num-generations", type=int, default=1, show_default=True, help="Trajectories per prompt.")
+@click.option("--max-turns", type=int, default=None, help="Turn limit [default: the scheduler's].")
+@click.option("--max-tokens", type=int, default=64, show_default=True, help="Tokens per completion.")
+@click.option("--temperature", type=float, default=1.0, show_default=True)
+@click.option("--top-p", type=float, default=1.0, show_default=True)
+@click.option("--seed", type=int, default=None, help="Sampling seed (per trajectory: seed + index).")
+@click.option("--sampler", default="hf", show_default=True, help="Sampler backend name.")
+@click.option("--reward", "rewards", multiple=True, help="Reward name, repeatable; NAME=WEIGHT sets a weight.")
+@click.option("--concurrency", type=int, default=64, show_default=True, help="Trajectories in flight.")
+@click.option("--timeout", type=float, default=None, help="Seconds per trajectory before it fails.")
+@click.option("--output", "-o", default="rollouts.jsonl", show_default=True, help="Output JSONL file.")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
+@click.pass_context
+def rollout_command(ctx: click.Context, **opts: Any) -> None:
+    """Run rollouts with a scheduler and write trajectories as JSONL (no training).
+
+    Extra --flags go to the scheduler / sampler that declares them, e.g. --env-url, --env.
+    """
+    summary = asyncio.run(run_rollout_command(extra_args=list(ctx.args), **opts))
+    click.echo(summary, err=True)
+
+
+async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
+    """The command's work as a coroutine (tests call it in-process)."""
+    from .. import plugins as _p  # noqa: F401
+    import importlib
+
+    registry = importlib.import_module("rlcore.plugins")
+    from ..data import load_prompts
+    from ..plugins import RunHooks
+    from ..rewards import as_reward, compute_rewards
+    from ..types import SamplingParams
+    from .driver import run_rollouts
+    from .options import plugin_options
+
+    scheduler_factory = registry.get("scheduler", opts["scheduler"])
+    sampler_factory = registry.get("sampler", opts["sampler"])
+    labels = {f"scheduler {opts['scheduler']!r}": scheduler_factory, f"sampler {opts['sampler']!r}": sampler_factory}
+    routed = plugin_options(extra_args, labels)
+    sched_opts, sampler_opts = routed[f"scheduler {opts['scheduler']!r}"], routed[f"sampler {opts['sampler']!r}"]
+    reward_objs, weights = _rewards(opts["rewards"], registry, as_reward)
+
+    model = opts["model"]
+    if model is None:
+        from ..testing import tiny_model_path
+
+        model = tiny_model_path()
+    sampler = sampler_factory(model=model, **sampler_opts)
+    try:
+        tokenizer = getattr(sampler, "tokenizer", None)
+        if tokenizer is None:
+            raise ConfigError(f"sampler {opts['sampler']!r} has no tokenizer; it is needed to encode prompts")
+        if opts["max_turns"] is not None:
+            sched_opts["max_turns"] = opts["max_turns"]
+        scheduler = scheduler_factory(sampler=sampler, **sched_opts)
+        if getattr(scheduler, "tokenizer", None) is None:
+            scheduler.tokenizer = tokenizer
+        prompts = load_prompts(
+            opts["dataset"], tokenizer, split=opts["split"], prompt_column=opts["prompt_column"],
+            system_prompt=opts["system_prompt"], limit=opts["limit"] or None, tools=getattr(scheduler, "tools", None),
+        )
+        params = SamplingParams(max_tokens=opts["max_tokens"], temperature=opts["temperature"], top_p=opts["top_p"], seed=opts["seed"])
+        result = await run_rollouts(
+            scheduler, prompts, num_generations=opts["num_generations"], sampling_params=params,
+            concurrency=opts["concurrency"], progress=opts["progress"], timeout=opts["timeout"],
+        )
+        if reward_objs:
+            await compute_rewards(RunHooks(*reward_objs), result.trajectories, weights)
+        await _maybe(scheduler.close())
+    finally:
+        await _maybe(sampler.close())
+    out = Path(opts["output"])
+    if out.parent and not out.parent.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w", encoding="utf-8") as fh:
+        for t in result.trajectories:
+            fh.write(t.to_json() + "\n")
+    s = result.stats
+    line = (f"wrote {s['trajectories']} trajectories to {out}: {s['ok']} ok, {s['truncated']} truncated, "
+            f"{s['failed']} failed, {s['turns']} turns, {s['wall_s']:.1f}s")
+    if s["failure_reasons"]:
+        line += "; failures: " + json.dumps(s["failure_reasons"])
+    return line
+
+
+def _rewards(specs: tuple[str, ...], registry: Any, as_reward: Any) -> tuple[list[Any], dict[str, float]]:
+    objs, weights = [], {}
+    for spec in specs:
+        name, eq, w = spec.partition("=")
+        try:
+            weight = float(w) if eq else 1.0
+        except ValueError:
+            raise ConfigError(f"--reward {spec!r}: the weight after '=' must be a number") from None
+        objs.append(as_reward(name, registry.get("reward", name)))
+        weights[name] = weight
+    return objs, weights
+
+
+async def _maybe(value: Any) -> Any:
+    from ..asyncutil import await_me_maybe
+
+    return await await_me_maybe(value)

@@ -1,0 +1,212 @@
+"""The async driver: every trajectory is its own asyncio task, many in flight.
+
+Why per-trajectory tasks and not a turn-synchronous loop: with environments in the loop, a
+turn-synchronous batch waits for its slowest env step before anyone generates again. Here a
+trajectory whose env is slow just awaits it while the others keep the sampler busy (the ``hf``
+sampler gathers whatever requests are pending into one batch). Failures stay local: a trajectory
+whose env or hook raises, or that times out, ends ``failed`` with a reason, the rest complete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from typing import Any, Iterable
+
+import attrs
+
+from ..asyncutil import await_me_maybe
+from ..plugins import RunHooks
+from ..types import Prompt, SamplingParams, Trajectory, Turn
+from .progress import RolloutProgress
+from .scheduler import RolloutOutput, RolloutScheduler, SchedulerHooks
+
+
+@attrs.define
+class RolloutResult:
+    """The finished trajectories (``num_generations`` per prompt, grouped in order) and counts."""
+
+    trajectories: list[Trajectory]
+    stats: dict[str, Any]
+
+
+def make_trajectories(prompts: Iterable[Prompt], num_generations: int = 1) -> list[Trajectory]:
+    """``num_generations`` fresh trajectories per prompt, sharing the prompt's ``group_id``."""
+    out = []
+    for p in prompts:
+        for _ in range(num_generations):
+            out.append(
+                Trajectory(
+                    prompt_ids=list(p.prompt_ids),
+                    messages=[dict(m) for m in p.messages],
+                    data=dict(p.data),
+                    group_id=p.group_id,
+                )
+            )
+    return out
+
+
+async def run_rollouts(
+    scheduler: RolloutScheduler,
+    prompts: list[Prompt],
+    *,
+    num_generations: int = 1,
+    sampling_params: SamplingParams | None = None,
+    components: Iterable[Any] = (),
+    concurrency: int = 64,
+    progress: bool = True,
+    timeout: float | None = None,
+    trajectories: list[Trajectory] | None = None,
+) -> RolloutResult:
+    """Roll out ``num_generations`` trajectories per prompt with ``scheduler``.
+
+    ``components`` are extra hook implementers active for this run (observers, env adapters).
+    ``timeout`` bounds each trajectory's ``run`` in seconds. Pass ``trajectories`` instead of
+    prompts to roll out prepared trajectories.
+    """
+    if getattr(scheduler, "sampling_params", None) is None and sampling_params is not None:
+        scheduler.sampling_params = sampling_params
+    if getattr(scheduler, "tokenizer", None) is None and getattr(scheduler, "sampler", None) is not None:
+        scheduler.tokenizer = getattr(scheduler.sampler, "tokenizer", None)
+    hooks = RunHooks(*components, SchedulerHooks(scheduler))
+    scheduler.hooks = hooks
+    trajs = trajectories if trajectories is not None else make_trajectories(prompts, num_generations)
+    started = time.perf_counter()
+    bar = RolloutProgress(len(trajs), enabled=progress)
+    results: list[list[Trajectory]] = [[] for _ in trajs]
+    with bar:
+        try:
+            await hooks.call_all("on_trajectory_start", trajectories=trajs)
+        except Exception as exc:  # noqa: BLE001 - a batch-level hook failing fails the batch's trajectories
+            for t in trajs:
+                if t.status == "running":
+                    t.fail(f"on_trajectory_start raised {_one_line(exc)}")
+        sem = asyncio.Semaphore(max(1, int(concurrency)))
+
+        async def one(i: int, traj: Trajectory) -> None:
+            async with sem:
+                results[i] = await _run_one(scheduler, traj, timeout)
+            bar.advance(results[i])
+
+        await asyncio.gather(*(one(i, t) for i, t in enumerate(trajs)))
+    flat = [t for group in results for t in group]
+    stats = summarize(flat, time.perf_counter() - started)
+    return RolloutResult(flat, stats)
+
+
+async def _run_one(scheduler: RolloutScheduler, traj: Trajectory, timeout: float | None) -> list[Trajectory]:
+    """Run one trajectory; every exception becomes ``failed`` + reason; cleanup on every path."""
+    out: Any = traj
+    try:
+        if traj.status == "running":  # on_trajectory_start may have failed it already
+            coro = scheduler.run(traj)
+            out = await (asyncio.wait_for(coro, timeout) if timeout else coro)
+    except asyncio.TimeoutError:
+        traj.fail(f"timed out after {timeout:g}s")
+        out = traj
+    except asyncio.CancelledError:
+        traj.fail("cancelled")
+        raise
+    except Exception as exc:  # noqa: BLE001 - one bad trajectory never takes the batch down
+        traj.fail(_one_line(exc))
+        out = traj
+    finally:
+        try:
+            await await_me_maybe(scheduler.on_trajectory_end(traj))
+        except Exception as exc:  # noqa: BLE001
+            traj.infos["close_error"] = _one_line(exc)
+        release = getattr(scheduler, "release", None)
+        if release is not None:
+            release(traj)
+    trajs = normalize_run_output(traj, out)
+    for t in trajs:
+        finalize(t)
+    return trajs
+
+
+def normalize_run_output(request: Trajectory, out: Any) -> list[Trajectory]:
+    """Accept what an (overridden) ``run`` returns: a trajectory, several, or ms-swift RolloutOutput(s)."""
+    if out is None:
+        return [request]
+    items = out if isinstance(out, (list, tuple)) else [out]
+    trajs: list[Trajectory] = []
+    for item in items:
+        if isinstance(item, Trajectory):
+            if not item.group_id:
+                item.group_id = request.group_id
+            trajs.append(item)
+        elif isinstance(item, RolloutOutput):
+            trajs.append(_from_rollout_output(request, item))
+        else:
+            raise TypeError(f"run returned {type(item).__name__}; return a Trajectory, a list of them, or RolloutOutput")
+    for t in trajs:
+        if t is not request and not t.group_id:
+            t.group_id = request.group_id
+        elif t is not request:
+            t.group_id = t.group_id or request.group_id
+    return trajs or [request]
+
+
+def _flatten(x: list[Any]) -> list[Any]:
+    return [v for part in x for v in (part if isinstance(part, (list, tuple)) else [part])]
+
+
+def _from_rollout_output(request: Trajectory, ro: RolloutOutput) -> Trajectory:
+    """A trajectory from ms-swift's RolloutOutput (tokens given explicitly by the scheduler)."""
+    t = attrs.evolve(request, turns=list(request.turns), infos=dict(request.infos))
+    if ro.messages is not None:
+        t.messages = list(ro.messages)
+    if ro.response_token_ids:
+        ids = _flatten(ro.response_token_ids)
+        mask = _flatten(ro.response_loss_mask) if ro.response_loss_mask else [1] * len(ids)
+        lps = _flatten(ro.rollout_logprobs) if ro.rollout_logprobs else [None] * len(ids)
+        if len(lps) != len(ids):
+            lps = [None] * len(ids)
+        t.turns = [Turn(list(ids), list(mask), [lp if m else None for lp, m in zip(lps, mask)])]
+    t.infos.update(ro.rollout_infos or {})
+    if t.status == "running":
+        t.status = "ok"
+    return t
+
+
+def finalize(t: Trajectory) -> None:
+    """Final bookkeeping: status, turn count, the logprob completeness flag (IS correction gate)."""
+    if t.status == "running":
+        t.status = "ok"
+    if not t.num_turns:
+        t.num_turns = sum(1 for turn in t.turns if turn.role == "assistant")
+    t.infos["logprobs_complete"] = t.logprobs_complete
+    t.infos.setdefault("prompt_messages", _prompt_messages(t))
+
+
+def _prompt_messages(t: Trajectory) -> int:
+    for i, m in enumerate(t.messages):
+        if m.get("role") == "assistant":
+            return i
+    return len(t.messages)
+
+
+def summarize(trajs: list[Trajectory], wall_s: float) -> dict[str, Any]:
+    """Counts for logs and metrics: ok / truncated / failed, turns, tokens, top failure reasons."""
+    by_status = collections.Counter(t.status for t in trajs)
+    reasons = collections.Counter(t.reason for t in trajs if t.status == "failed")
+    n = len(trajs)
+    turns = sum(t.num_turns for t in trajs)
+    return {
+        "trajectories": n,
+        "ok": by_status.get("ok", 0),
+        "truncated": by_status.get("truncated", 0),
+        "failed": by_status.get("failed", 0),
+        "turns": turns,
+        "mean_turns": turns / n if n else 0.0,
+        "completion_tokens": sum(t.num_completion_tokens for t in trajs),
+        "logprobs_incomplete": sum(1 for t in trajs if not t.logprobs_complete),
+        "failure_reasons": dict(reasons.most_common(5)),
+        "wall_s": wall_s,
+    }
+
+
+def _one_line(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    return text.splitlines()[0] if text else type(exc).__name__

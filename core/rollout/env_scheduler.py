@@ -1,0 +1,172 @@
+"""EnvScheduler: the shared base of environment-driven schedulers (gym_scheduler, openenv_scheduler).
+
+One environment per trajectory. Reset seeds the conversation with the first observation; each
+assistant turn is parsed into an action and stepped; the next observation becomes the next user
+message (the engine appends its tokens with loss_mask 0). Sync environment methods run in worker
+threads and every env call has a timeout, so one slow or hung environment never stalls the others;
+an env that raises or times out fails only its own trajectory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import functools
+import inspect
+from typing import Any
+
+from ..asyncutil import await_me_maybe
+from ..envs import Env, EnvStep
+from ..errors import EnvError
+from ..types import Completion, Trajectory
+from .scheduler import MultiTurnScheduler
+from .tokens import encode_prompt
+
+
+class EnvScheduler(MultiTurnScheduler):
+    """Subclasses implement :meth:`make_env`; may override :meth:`parse_action` / :meth:`format_observation`.
+
+    Options: ``max_turns`` (4), ``max_concurrent_envs`` (env calls in flight at once, 64),
+    ``env_timeout`` (seconds per reset/step/close, 60).
+    """
+
+    name = "env_scheduler"
+
+    def __init__(
+        self,
+        sampler: Any = None,
+        *,
+        max_concurrent_envs: int = 64,
+        env_timeout: float | None = 60.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(sampler, **kwargs)
+        self.max_concurrent_envs = max(1, int(max_concurrent_envs))
+        self.env_timeout = float(env_timeout) if env_timeout else None
+        self._envs: dict[str, Any] = {}
+        self._pending: dict[str, str] = {}
+        self._env_sem: asyncio.Semaphore | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+
+    # --- what subclasses provide -----------------------------------------------------------------
+    def make_env(self, trajectory: Trajectory) -> Env:
+        """A fresh environment for ``trajectory`` (``trajectory.data_dict`` holds the row / env_config)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement make_env(trajectory)")
+
+    def parse_action(self, text: str) -> Any:
+        """The action the model's reply ``text`` stands for (default: the text, stripped)."""
+        return text.strip()
+
+    def format_observation(self, observation: Any) -> str:
+        """The user-message text for an observation (default: ``str``)."""
+        return observation if isinstance(observation, str) else str(observation)
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    async def on_trajectory_start(self, trajectories: list[Trajectory]) -> None:
+        await asyncio.gather(*(self._reset_one(t) for t in trajectories if t.status == "running"))
+
+    async def _reset_one(self, traj: Trajectory) -> None:
+        try:
+            env = await await_me_maybe(self.make_env(traj))
+            self._envs[traj.uuid] = env
+            out = await self._env_call("reset", env.reset, traj)
+            observation, info, system = _reset_result(out)
+        except Exception as exc:  # noqa: BLE001 - fails this trajectory only
+            traj.fail(_reason("reset", exc, self.env_timeout))
+            return
+        messages: list[dict[str, Any]] = []
+        if system:
+            messages.append({"role": "system", "content": str(system)})
+        elif traj.messages and traj.messages[0].get("role") == "system":
+            messages.append(dict(traj.messages[0]))
+        messages.append({"role": "user", "content": self.format_observation(observation)})
+        traj.messages[:] = messages
+        traj.prompt_ids = encode_prompt(self._require_tokenizer(), messages, tools=self.tools)
+        if info:
+            traj.infos["reset_info"] = info
+
+    async def on_turn_end(self, infer_request: Trajectory, response_choice: Completion, current_turn: int) -> dict[str, Any] | None:
+        env = self._envs.get(infer_request.uuid)
+        if env is None:
+            infer_request.fail("no environment for this trajectory (reset did not run)")
+            return {"done": True}
+        try:
+            action = self.parse_action(response_choice.message.content)
+            res = _step_result(await self._env_call("step", env.step, action))
+        except Exception as exc:  # noqa: BLE001
+            infer_request.fail(_reason("step", exc, self.env_timeout))
+            return {"done": True}
+        self._pending[infer_request.uuid] = self.format_observation(res.observation)
+        infos = {"env_steps": current_turn}
+        if res.info:
+            infos["env_info"] = res.info
+        return {"done": bool(res.done), "reward": float(res.reward), "infos": infos}
+
+    def step(self, infer_request: Trajectory, response_choice: Completion, current_turn: int) -> dict[str, Any]:
+        obs = self._pending.pop(infer_request.uuid, None)
+        if obs is not None:
+            infer_request.messages.append({"role": "user", "content": obs})
+        return {"infer_request": infer_request}
+
+    async def on_trajectory_end(self, trajectory: Trajectory) -> None:
+        self._pending.pop(trajectory.uuid, None)
+        env = self._envs.pop(trajectory.uuid, None)
+        if env is not None and hasattr(env, "close"):
+            await self._env_call("close", env.close)
+
+    async def close(self) -> None:
+        for uuid in list(self._envs):
+            env = self._envs.pop(uuid)
+            try:
+                await self._env_call("close", env.close)
+            except Exception:  # noqa: BLE001 - best effort at shutdown
+                pass
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+            self._executor = None
+
+    # --- helpers ---------------------------------------------------------------------------------
+    async def _env_call(self, what: str, fn: Any, *args: Any) -> Any:
+        if self._env_sem is None:
+            self._env_sem = asyncio.Semaphore(self.max_concurrent_envs)
+        async with self._env_sem:
+            coro = self._in_thread_if_sync(fn, *args)
+            return await (asyncio.wait_for(coro, self.env_timeout) if self.env_timeout else coro)
+
+    async def _in_thread_if_sync(self, fn: Any, *args: Any) -> Any:
+        """Like ``asyncio.to_thread``, but on a pool as wide as ``max_concurrent_envs``: the default
+        executor has ``cpu_count + 4`` threads, so 64 blocking 100 ms steps would run in waves."""
+        if inspect.iscoroutinefunction(fn):
+            return await fn(*args)
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(self.max_concurrent_envs, thread_name_prefix="rlcore-env")
+        ctx = contextvars.copy_context()
+        result = await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(ctx.run, fn, *args))
+        return await await_me_maybe(result)
+
+
+def _reset_result(out: Any) -> tuple[Any, dict[str, Any], str | None]:
+    if isinstance(out, tuple):
+        if len(out) == 3:
+            return out[0], dict(out[1] or {}), out[2]
+        if len(out) == 2:
+            return out[0], dict(out[1] or {}), None
+    return out, {}, None
+
+
+def _step_result(out: Any) -> EnvStep:
+    if isinstance(out, EnvStep):
+        return out
+    if isinstance(out, tuple) and len(out) == 4:
+        return EnvStep(out[0], float(out[1] or 0.0), bool(out[2]), dict(out[3] or {}))
+    if isinstance(out, tuple) and len(out) == 5:  # gymnasium: obs, reward, terminated, truncated, info
+        return EnvStep(out[0], float(out[1] or 0.0), bool(out[2]) or bool(out[3]), dict(out[4] or {}))
+    raise EnvError(f"env.step returned {type(out).__name__}; return (observation, reward, done, info) or EnvStep")
+
+
+def _reason(what: str, exc: BaseException, timeout: float | None) -> str:
+    if isinstance(exc, asyncio.TimeoutError):
+        return f"env {what} timed out after {timeout:g}s"
+    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
+    return f"env {what} failed: {text[0] if text else type(exc).__name__}"

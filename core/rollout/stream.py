@@ -1,0 +1,218 @@
+"""Keeps a trajectory's token stream in step with its ``messages``, token-exactly.
+
+Schedulers (ours, plugins', ms-swift style ones) only ever edit ``trajectory.messages``: append a
+user/tool message, or edit the last assistant message (continuation, "But wait…" tips). The
+:class:`TokenStream` remembers which messages the tokens already represent and, before the next
+generation, turns the difference into tokens without touching what was sampled:
+
+* new messages after an assistant turn → the missing closing text of the assistant message (the
+  sampler stops at ``<|im_end|>``, the template renders ``<|im_end|>\\n``) plus the chat-template
+  delta of the new messages and the next assistant header, all loss_mask 0;
+* the last assistant message extended or edited → the sampled tokens that still agree with the new
+  text are kept (with their logprobs), the rest is dropped, the new text is appended with loss_mask 0
+  and generation continues inside the same message (no new turn header);
+* anything else (earlier messages rewritten) cannot be token-exact and raises a clear error.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import attrs
+
+from ..errors import RlcoreError
+from ..types import Completion, Trajectory, Turn
+from . import tokens as tk
+
+#: Turn.role of loss-mask-0 text placed *inside* the current assistant message (continuations).
+INLINE_ROLE = "continuation"
+
+
+class MessagesEditError(RlcoreError):
+    """A scheduler changed messages in a way the token stream cannot follow exactly."""
+
+
+@attrs.define
+class TokenStream:
+    """Per-trajectory state: the messages the tokens represent and whether an assistant message is open."""
+
+    tokenizer: Any
+    synced: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    #: True while the tokens end inside an assistant message (right after sampling)
+    open: bool = False
+    #: index into trajectory.turns where the open assistant message's tokens begin
+    gen_start: int = 0
+    #: (number of messages, their rendering with the generation prompt): the text the open
+    #: assistant message started from, kept so each turn renders the conversation twice, not four times
+    head: tuple[int, str] | None = None
+
+    @classmethod
+    def start(cls, tokenizer: Any, trajectory: Trajectory, tools: list[dict[str, Any]] | None = None) -> "TokenStream":
+        return cls(tokenizer, copy.deepcopy(list(trajectory.messages)), tools, open=False, gen_start=len(trajectory.turns))
+
+    # --- after sampling -----------------------------------------------------------------------------
+    def content_of(self, completion: Completion) -> str:
+        """Message text of a completion: its tokens decoded, minus a closing special token (eos).
+
+        Taken from the tokens, not ``completion.text``, so special tokens such as ``<tool_call>``
+        survive and the text always agrees with what the trajectory holds.
+        """
+        ids = list(completion.token_ids)
+        special = set(getattr(self.tokenizer, "all_special_ids", []) or [])
+        if ids and ids[-1] in special and completion.finish_reason != "length":
+            ids = ids[:-1]
+        return tk.decode(self.tokenizer, ids)
+
+    def record_sample(self, trajectory: Trajectory, completion: Completion, *, update_messages: bool = True) -> str:
+        """Append the sampled turn; add/extend the assistant message. Returns the message text."""
+        content = self.content_of(completion)
+        completion.text = content
+        if not self.open:
+            self.gen_start = len(trajectory.turns)
+        trajectory.turns.append(Turn.sampled(completion))
+        if self.open and self.synced and self.synced[-1].get("role") == "assistant":
+            self.synced[-1]["content"] = str(self.synced[-1].get("content") or "") + content
+            if update_messages and trajectory.messages and trajectory.messages[-1].get("role") == "assistant":
+                trajectory.messages[-1]["content"] = str(trajectory.messages[-1].get("content") or "") + content
+        else:
+            self.synced.append({"role": "assistant", "content": content})
+            if update_messages:
+                trajectory.messages.append({"role": "assistant", "content": content})
+        self.open = True
+        return content
+
+    def replace_response(
+        self,
+        trajectory: Trajectory,
+        token_ids: list[int],
+        loss_mask: list[int] | None,
+        logprobs: list[float | None] | None,
+    ) -> None:
+        """ms-swift's ``response_token_ids``: the scheduler says what this round's response tokens are.
+
+        They replace the tokens of the open assistant message. Sampled logprobs are kept where the
+        ids still match what was sampled at that position; positions with mask 1 and no logprob make
+        the trajectory's logprobs incomplete (no IS correction for it).
+        """
+        ids = [int(t) for t in token_ids]
+        mask = [int(m) for m in loss_mask] if loss_mask is not None else [1] * len(ids)
+        if len(mask) != len(ids):
+            raise MessagesEditError(
+                f"step returned {len(ids)} response_token_ids but {len(mask)} response_loss_mask values; they must match"
+            )
+        old_turns = trajectory.turns[self.gen_start:]
+        old_ids = [t for turn in old_turns for t in turn.token_ids]
+        old_lps = [lp for turn in old_turns for lp in turn.logprobs]
+        old_mask = [m for turn in old_turns for m in turn.loss_mask]
+        if logprobs is not None and len(logprobs) == len(ids):
+            lps: list[float | None] = [None if lp is None else float(lp) for lp in logprobs]
+        elif logprobs is not None and len(logprobs) == sum(mask):
+            it = iter(logprobs)
+            lps = [float(next(it)) if m else None for m in mask]
+        else:
+            lps = [None] * len(ids)
+            for i, t in enumerate(ids):
+                if i >= len(old_ids) or old_ids[i] != t:
+                    break
+                if old_mask[i]:
+                    lps[i] = old_lps[i]
+        lps = [lp if m else None for lp, m in zip(lps, mask)]
+        del trajectory.turns[self.gen_start:]
+        # keep runs of equal mask as separate turns so sampled/inline parts stay distinguishable
+        i = 0
+        while i < len(ids):
+            j = i
+            while j < len(ids) and mask[j] == mask[i]:
+                j += 1
+            role = "assistant" if mask[i] else INLINE_ROLE
+            trajectory.turns.append(Turn(ids[i:j], mask[i:j], lps[i:j], role=role, text=tk.decode(self.tokenizer, ids[i:j])))
+            i = j
+        # trust the scheduler's message text for the assistant message
+        if trajectory.messages and trajectory.messages[-1].get("role") == "assistant" and self.synced:
+            self.synced[-1] = copy.deepcopy(trajectory.messages[-1])
+        self.open = True
+
+    # --- before the next generation -----------------------------------------------------------------
+    def sync(self, trajectory: Trajectory) -> None:
+        """Append tokens for whatever the scheduler changed in ``messages`` since the last sync."""
+        cur = trajectory.messages
+        synced = self.synced
+        common = 0
+        while common < min(len(cur), len(synced)) and _same(cur[common], synced[common]):
+            common += 1
+        if common == len(cur) == len(synced):
+            if self.open:  # nothing new: the model continues its own message
+                self._edit_assistant(trajectory, str(synced[-1].get("content") or ""))
+            return
+        last = len(synced) - 1
+        assistant_open = self.open and last >= 0 and synced[last].get("role") == "assistant"
+        if common < len(synced):
+            if not (assistant_open and common == last and len(cur) > last and cur[last].get("role") == "assistant"):
+                raise MessagesEditError(
+                    f"the scheduler changed message {common} ({synced[common].get('role') if common < len(synced) else '?'}) "
+                    "which is already in the token stream; only append messages or edit the last assistant message "
+                    "(or return response_token_ids from step)"
+                )
+            self._edit_assistant(trajectory, str(cur[last].get("content") or ""))
+            synced[last] = copy.deepcopy(cur[last])
+        new = cur[len(synced):]
+        if not new:
+            return
+        if not self.open:
+            raise MessagesEditError(
+                "messages were appended before the model answered; put them in the prompt "
+                "(re-encode prompt_ids in on_trajectory_start) instead"
+            )
+        streamed = tk.decode(self.tokenizer, [t for turn in trajectory.turns[self.gen_start:] for t in turn.token_ids])
+        full = tk.render(self.tokenizer, synced, tools=self.tools)
+        head = self.head[1] if self.head is not None and self.head[0] == last else None
+        closing = tk.assistant_closing(self.tokenizer, synced[:last], synced[last], streamed, tools=self.tools, head=head, full=full)
+        delta = tk.template_delta(self.tokenizer, synced, new, tools=self.tools, old=full)
+        self.head = (len(synced) + len(new), full + delta)
+        ids = tk.encode_text(self.tokenizer, closing + delta)
+        role = str(new[0].get("role") or "user")
+        trajectory.turns.append(Turn.observation(ids, role=role, text=closing + delta))
+        synced.extend(copy.deepcopy(list(new)))
+        self.open = False
+        self.gen_start = len(trajectory.turns)
+
+    def _edit_assistant(self, trajectory: Trajectory, new_content: str) -> None:
+        """Make the open assistant message's tokens spell ``new_content`` (continuation)."""
+        turns = trajectory.turns[self.gen_start:]
+        if not turns:
+            return
+        lastturn = turns[-1]
+        base_ids = [t for turn in turns[:-1] for t in turn.token_ids]
+        base = tk.decode(self.tokenizer, base_ids)
+        if lastturn.role == "assistant":
+            k = tk.sampled_prefix_len(self.tokenizer, lastturn.token_ids, base, new_content)
+        else:
+            k = len(lastturn.token_ids) if new_content.startswith(tk.decode(self.tokenizer, base_ids + lastturn.token_ids)) else -1
+        if k < 0:
+            raise MessagesEditError(
+                "the scheduler rewrote assistant text generated before the last completion; only the last "
+                "completion can be trimmed or extended (or return response_token_ids from step)"
+            )
+        if k < len(lastturn.token_ids):
+            trajectory.infos["trimmed_tokens"] = int(trajectory.infos.get("trimmed_tokens", 0)) + len(lastturn.token_ids) - k
+            kept = Turn(
+                lastturn.token_ids[:k], lastturn.loss_mask[:k], lastturn.logprobs[:k],
+                role=lastturn.role, text=tk.decode(self.tokenizer, lastturn.token_ids[:k]), finish_reason=lastturn.finish_reason,
+            )
+            idx = len(trajectory.turns) - 1
+            if k:
+                trajectory.turns[idx] = kept
+            else:
+                del trajectory.turns[idx]
+        have = tk.decode(self.tokenizer, [t for turn in trajectory.turns[self.gen_start:] for t in turn.token_ids])
+        rest = new_content[len(have):] if new_content.startswith(have) else ""
+        if rest:
+            trajectory.turns.append(Turn.observation(tk.encode_text(self.tokenizer, rest), role=INLINE_ROLE, text=rest))
+        if self.synced and self.synced[-1].get("role") == "assistant":
+            self.synced[-1]["content"] = new_content
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return a == b

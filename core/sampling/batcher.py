@@ -1,0 +1,125 @@
+"""Micro-batching by arrival: requests that arrive within a short window run as one batch.
+
+Why a worker thread and not an asyncio task: the model's forward loop is blocking work that must
+not stall the event loop every trajectory runs on, and a thread-owned queue works from whichever
+event loop (or plain thread) submits — samplers outlive the ``asyncio.run`` calls that use them.
+While one batch runs, new arrivals queue up and form the next batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import queue
+import threading
+import time
+from typing import Any, Callable, Generic, TypeVar
+
+from ..errors import SamplerError
+
+Req = TypeVar("Req")
+
+_STOP = object()
+
+
+class MicroBatcher(Generic[Req]):
+    """Collects requests for up to ``window_s`` after the first one (or ``max_batch_size`` of them)
+    and hands each batch to ``run_batch(requests) -> results`` on one worker thread."""
+
+    def __init__(
+        self,
+        run_batch: Callable[[list[Req]], list[Any]],
+        *,
+        window_s: float = 0.005,
+        max_batch_size: int = 64,
+        name: str = "rlcore-sampler",
+    ) -> None:
+        self.run_batch = run_batch
+        self.window_s = max(0.0, window_s)
+        self.max_batch_size = max(1, max_batch_size)
+        self.name = name
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        #: sizes of the batches run so far (for tests and benchmarks)
+        self.batch_sizes: list[int] = []
+
+    def submit(self, request: Req) -> concurrent.futures.Future:
+        """Queue a request; the future resolves to its result (or a :class:`SamplerError`)."""
+        if self._closed:
+            raise SamplerError(f"{self.name} is closed; create a new sampler")
+        self._ensure_thread()
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._queue.put((request, fut))
+        return fut
+
+    async def submit_async(self, request: Req) -> Any:
+        return await asyncio.wrap_future(self.submit(request))
+
+    def _ensure_thread(self) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+                self._thread.start()
+
+    def _collect(self) -> list[tuple[Req, concurrent.futures.Future]] | None:
+        first = self._queue.get()
+        if first is _STOP:
+            return None
+        batch = [first]
+        deadline = time.monotonic() + self.window_s
+        while len(batch) < self.max_batch_size:
+            remaining = deadline - time.monotonic()
+            try:
+                item = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is _STOP:
+                self._queue.put(_STOP)  # finish this batch, then stop
+                break
+            batch.append(item)
+        return batch
+
+    def _loop(self) -> None:
+        while True:
+            batch = self._collect()
+            if batch is None:
+                return
+            live = [(r, f) for r, f in batch if f.set_running_or_notify_cancel()]
+            if not live:
+                continue
+            self.batch_sizes.append(len(live))
+            try:
+                results = self.run_batch([r for r, _ in live])
+            except BaseException as exc:  # noqa: BLE001 - every waiter learns why
+                err = exc if isinstance(exc, SamplerError) else SamplerError(
+                    f"{self.name}: generation failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                )
+                for _, f in live:
+                    f.set_exception(err)
+                continue
+            for (_, f), res in zip(live, results):
+                if isinstance(res, BaseException):
+                    f.set_exception(res)
+                else:
+                    f.set_result(res)
+
+    def close(self) -> None:
+        """Stop the worker after the current batch; queued requests fail with a SamplerError."""
+        self._closed = True
+        pending = []
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not _STOP:
+                pending.append(item)
+        for _, f in pending:
+            if f.set_running_or_notify_cancel():
+                f.set_exception(SamplerError(f"{self.name} was closed before this request ran"))
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            self._queue.put(_STOP)
+            thread.join(timeout=30)

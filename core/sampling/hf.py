@@ -1,0 +1,338 @@
+"""``hf``: the embedded transformers backend — runs anywhere torch runs, CPU included.
+
+Concurrent ``generate`` calls (64 trajectories of a rollout each waiting on their next turn) are
+gathered by arrival into one left-padded batch and decoded together by our own loop over the
+model's forward with a KV cache. Our own loop rather than ``model.generate`` because every row of
+the batch has its own sampling parameters and seed, finished rows are dropped from the cache as
+they end, and the logprob of each sampled token comes out of the same logits that drew it
+(semantics in :mod:`rlcore.sampling.processing`).
+
+Weight sync is an in-place copy into the model; when the sampler was given the trainer's own
+``nn.Module`` (colocated on one device) the parameters are shared and there is nothing to copy.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from typing import Any
+
+import attrs
+
+from ..errors import ConfigError, SamplerError
+from ..types import Completion, SamplingParams
+from .base import Sampler, WeightsLike
+from .batcher import MicroBatcher
+from .stops import StopChecker, default_stop_ids
+
+
+@attrs.define
+class _Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+
+
+class HFSampler(Sampler):
+    """Generation with a transformers causal LM, micro-batched across concurrent requests.
+
+    Args:
+        model: a HF model directory / hub id (loaded here; the sampler owns it) or an ``nn.Module``
+            (used as is — pass the trainer's module to share weights with no copy).
+        tokenizer: a tokenizer or a path; defaults to the model's directory.
+        device: where to run (default: the module's device, else CUDA when available, else CPU).
+        dtype: ``torch.dtype`` or name for a model loaded from a path (default float32 on CPU,
+            bfloat16 on CUDA). Ignored for a given module.
+        batch_window_ms: how long the first request of a batch waits for others to arrive.
+        max_batch_size: the most sequences decoded together.
+        max_model_len: prompt + completion limit (default: the model's ``max_position_embeddings``).
+        seed: seeds the generator used by requests without their own seed.
+        num_threads: CPU threads the decode loop's torch ops use (set on the sampler's worker
+            thread only). On a busy, oversubscribed CPU, 1 avoids OpenMP threads spinning against
+            each other — small decode steps were measured 10-20x slower with 2 threads than 1 there.
+    """
+
+    name = "hf"
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any = None,
+        *,
+        device: Any = None,
+        dtype: Any = None,
+        batch_window_ms: float = 5.0,
+        max_batch_size: int = 64,
+        max_model_len: int | None = None,
+        seed: int | None = None,
+        num_threads: int | None = None,
+        **opts: Any,
+    ) -> None:
+        import torch
+
+        if opts:
+            warnings.warn(f"HFSampler ignores options it does not know: {', '.join(sorted(opts))}", stacklevel=2)
+        self.owns_model = isinstance(model, (str, os.PathLike))
+        if self.owns_model:
+            self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+            self.model = _load_model(str(model), self.device, dtype)
+        else:
+            if not isinstance(model, torch.nn.Module):
+                raise ConfigError(f"HFSampler model must be a path or a torch nn.Module, got {type(model).__name__}")
+            self.model = model
+            self.device = torch.device(device) if device is not None else _module_device(model)
+        if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
+            tokenizer = _load_tokenizer(tokenizer or (str(model) if self.owns_model else _name_or_path(model)))
+        self.tokenizer = tokenizer
+        config = getattr(self.model, "config", None)
+        self.max_model_len = int(max_model_len or getattr(config, "max_position_embeddings", 0) or 1 << 30)
+        self.vocab_size = int(getattr(config, "vocab_size", 0) or len(tokenizer))
+        pad = getattr(tokenizer, "pad_token_id", None)
+        self.pad_token_id = int(pad if pad is not None else (getattr(tokenizer, "eos_token_id", None) or 0))
+        self.default_stop_token_ids = default_stop_ids(tokenizer, self.model)
+        self._cache_kw = _cache_kwarg(self.model)
+        self._rng = torch.Generator().manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
+        self._lock = threading.RLock()  # a batch and a weight load never overlap
+        self._asleep = False
+        self.num_threads = num_threads
+        self._batcher: MicroBatcher[_Request] = MicroBatcher(
+            self._run_batch, window_s=batch_window_ms / 1000.0, max_batch_size=max_batch_size, name="hf sampler"
+        )
+
+    # --- the protocol ---------------------------------------------------------------------------------
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        """One completion; concurrent calls are batched together."""
+        self._check_request(prompt_ids, params)
+        return await self._batcher.submit_async(_Request(list(prompt_ids), params))
+
+    def generate_sync(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        """Blocking form for scripts and benchmarks."""
+        self._check_request(prompt_ids, params)
+        return self._batcher.submit(_Request(list(prompt_ids), params)).result()
+
+    def update_weights(self, weights: WeightsLike, *, lora: bool = False) -> None:
+        """Copy new weights into the model in place (waits for the running batch to finish)."""
+        from .weights import load_weights_into
+
+        with self._lock:
+            load_weights_into(self.model, weights, lora=lora)
+            self.policy_version += 1
+
+    def sleep(self, level: int = 1) -> None:
+        """Move an owned model to the CPU and free its GPU memory. A no-op on CPU, and for a module
+        shared with the trainer (the trainer decides where its own module lives)."""
+        import torch
+
+        with self._lock:
+            if self.device.type == "cpu" or not self.owns_model or self._asleep:
+                return
+            self.model.to("cpu")
+            self._asleep = True
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+
+    def wake_up(self) -> None:
+        with self._lock:
+            if self._asleep:
+                self.model.to(self.device)
+                self._asleep = False
+
+    async def close(self) -> None:
+        """Finish the running batch, fail queued requests, stop the worker (off the event loop)."""
+        import asyncio
+
+        await asyncio.to_thread(self._batcher.close)
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        """Sizes of the batches decoded so far (how well concurrent requests were gathered)."""
+        return self._batcher.batch_sizes
+
+    # --- the decode loop ----------------------------------------------------------------------------
+    def _check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        if not prompt_ids:
+            raise SamplerError("hf sampler got an empty prompt; encode at least one token")
+        if params.max_tokens < 1:
+            raise SamplerError(f"max_tokens must be at least 1, got {params.max_tokens}")
+        if len(prompt_ids) >= self.max_model_len:
+            raise SamplerError(
+                f"prompt of {len(prompt_ids)} tokens leaves no room under max_model_len={self.max_model_len}; shorten it"
+            )
+        bad = [t for t in prompt_ids if not 0 <= int(t) < self.vocab_size]
+        if bad:
+            raise SamplerError(f"prompt token id {bad[0]} is outside the model's vocabulary of {self.vocab_size}")
+        if self._asleep:
+            raise SamplerError("hf sampler is asleep; call wake_up() before generating")
+
+    def _run_batch(self, requests: list[_Request]) -> list[Completion]:
+        import torch
+
+        if self.num_threads and torch.get_num_threads() != self.num_threads:
+            torch.set_num_threads(self.num_threads)  # per-thread: the worker's setting only
+        with self._lock, torch.inference_mode():
+            # eval for the duration: no dropout, no gradient checkpointing (it would drop the KV
+            # cache); a shared trainer module gets its own mode back
+            was_training = self.model.training
+            self.model.eval()
+            try:
+                return self._decode(requests)
+            finally:
+                if was_training:
+                    self.model.train()
+
+    def _decode(self, requests: list[_Request]) -> list[Completion]:
+        import torch
+
+        from .processing import row_tensors, sample_step
+
+        dev = self.device
+        B = len(requests)
+        params = [r.params for r in requests]
+        checkers = [
+            StopChecker(
+                self.tokenizer,
+                max_tokens=min(p.max_tokens, self.max_model_len - len(r.prompt_ids)),
+                stop_token_ids=p.stop_token_ids or self.default_stop_token_ids,
+                stop=p.stop,
+                min_tokens=p.min_tokens,
+            )
+            for r, p in zip(requests, params)
+        ]
+        gens = [torch.Generator().manual_seed(int(p.seed)) if p.seed is not None else None for p in params]
+        lens = [len(r.prompt_ids) for r in requests]
+        L = max(lens)
+        ids = torch.full((B, L), self.pad_token_id, dtype=torch.long)
+        attn = torch.zeros((B, L), dtype=torch.long)
+        for i, r in enumerate(requests):
+            ids[i, L - lens[i]:] = torch.tensor(r.prompt_ids, dtype=torch.long)
+            attn[i, L - lens[i]:] = 1
+        ids, attn = ids.to(dev), attn.to(dev)
+        rows = row_tensors(params, self.vocab_size, dev)
+        seen = None
+        if any(p.repetition_penalty != 1.0 for p in params):
+            seen = torch.zeros((B, self.vocab_size), dtype=torch.bool, device=dev)
+            seen.scatter_(1, ids, attn.bool())
+        stop_mask = None
+        if any(p.min_tokens > 0 for p in params):
+            stop_mask = torch.zeros((B, self.vocab_size), dtype=torch.bool, device=dev)
+            for i, c in enumerate(checkers):
+                stop_mask[i, [t for t in c.stop_token_ids if 0 <= t < self.vocab_size]] = True
+        min_tokens = torch.tensor([p.min_tokens for p in params], device=dev)
+
+        position_ids = (attn.cumsum(-1) - 1).clamp_(min=0)
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=position_ids, use_cache=True, logits_to_keep=1)
+        past = _cache_of(out)
+        logits = out.logits[:, -1, :]
+        active = list(range(B))
+        steps = 0
+        while True:
+            uniforms = self._uniforms([gens[i] for i in active])
+            banned = None
+            if stop_mask is not None:
+                banned = stop_mask & (min_tokens > steps).unsqueeze(1)
+            tokens, lps = sample_step(logits, rows, uniforms, seen, banned)
+            steps += 1
+            tok_list, lp_list = tokens.tolist(), lps.tolist()
+            keep = [j for j, i in enumerate(active) if not checkers[i].add(tok_list[j], lp_list[j])]
+            if not keep:
+                break
+            if len(keep) < len(active):  # drop finished rows from every tensor and the KV cache
+                idx = torch.tensor(keep, device=dev)
+                tokens, attn = tokens[idx], attn[idx]
+                rows = {k: v[idx] for k, v in rows.items()}
+                min_tokens = min_tokens[idx]
+                if seen is not None:
+                    seen = seen[idx]
+                if stop_mask is not None:
+                    stop_mask = stop_mask[idx]
+                past.batch_select_indices(idx)
+                active = [active[j] for j in keep]
+            if seen is not None:
+                seen.scatter_(1, tokens.unsqueeze(1), True)
+            position_ids = attn.sum(-1, keepdim=True)
+            attn = torch.cat([attn, torch.ones((len(active), 1), dtype=attn.dtype, device=dev)], dim=1)
+            out = self.model(
+                input_ids=tokens.unsqueeze(1), attention_mask=attn, position_ids=position_ids,
+                use_cache=True, **{self._cache_kw: past},
+            )
+            past = _cache_of(out)
+            logits = out.logits[:, -1, :]
+
+        version = self.policy_version
+        return [
+            Completion(
+                token_ids=c.token_ids,
+                logprobs=c.logprobs,
+                finish_reason=c.finish_reason or "length",
+                text=c.text(),
+                meta={"policy_version": version, "prompt_tokens": lens[i], "batch_size": B, "stop": c.matched_stop},
+            )
+            for i, c in enumerate(checkers)
+        ]
+
+    def _uniforms(self, gens: list[Any]) -> Any:
+        """One uniform per row: from the row's own seeded generator, else the sampler's."""
+        import torch
+
+        u = torch.rand(len(gens), generator=self._rng)
+        for j, g in enumerate(gens):
+            if g is not None:
+                u[j] = torch.rand(1, generator=g)[0]
+        return u
+
+
+def _load_model(path: str, device: Any, dtype: Any) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if dtype is None:
+        dtype = torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+    elif isinstance(dtype, str) and dtype != "auto":
+        dtype = getattr(torch, dtype)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except (OSError, ValueError) as exc:
+        raise SamplerError(f"hf sampler could not load model {path!r}: {str(exc).splitlines()[0]}") from exc
+    return model.to(device).eval()
+
+
+def _load_tokenizer(path: str | None) -> Any:
+    from transformers import AutoTokenizer
+
+    if not path:
+        raise ConfigError("HFSampler needs a tokenizer (or a model loaded from a directory that has one)")
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise SamplerError(f"hf sampler could not load a tokenizer from {path!r}: {str(exc).splitlines()[0]}") from exc
+
+
+def _module_device(module: Any) -> Any:
+    import torch
+
+    try:
+        return next(module.parameters()).device
+    except StopIteration:
+        return torch.device("cpu")
+
+
+def _name_or_path(module: Any) -> str | None:
+    config = getattr(module, "config", None)
+    return getattr(config, "_name_or_path", None) or getattr(config, "name_or_path", None)
+
+
+def _cache_kwarg(model: Any) -> str:
+    """transformers 5 calls the KV cache argument ``cache``; 4.x called it ``past_key_values``."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        names = inspect.signature(base.forward).parameters
+    except (TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in names else "past_key_values"
+
+
+def _cache_of(out: Any) -> Any:
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else getattr(out, "past_key_values", None)

@@ -1,0 +1,73 @@
+"""The embedded default task: what ``rlcore train`` with no arguments learns.
+
+``digits``: procedural addition questions ("What is 12 + 7? Reply with digits only."). The reward
+gives up to 1 point for answering in digits (the share of non-space characters that are digits)
+and 1 more for the right sum. A randomly initialised tiny model samples nearly uniformly from its
+1,024-token vocabulary, so it starts at roughly 0.1-0.2 (many BPE tokens are digit runs, learnt
+from the number-heavy corpus); GRPO quickly learns to answer in digits only, which at least
+doubles the reward within a few dozen steps on a laptop CPU. Getting sums right is beyond a
+model this small in minutes — the point is to watch the whole loop work.
+
+This module is registered as a built-in plugin (the ``digits`` reward), so it stays free of torch
+imports.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any, Callable
+
+from .hookspecs import hookimpl
+
+TASK_NAME = "digits"
+_NUMBER = re.compile(r"\d+")
+
+
+def digits_dataset(n: int = 512, seed: int = 0, max_operand: int = 20) -> list[dict[str, Any]]:
+    """``n`` addition questions with their answers, deterministic in ``seed``."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
+        rows.append({"prompt": f"What is {a} + {b}? Reply with digits only.", "answer": str(a + b)})
+    return rows
+
+
+def digits_reward(completions: list[str], answer: list[Any]) -> list[float]:
+    """Share of digit characters (format, 0-1) plus 1 for the correct first number."""
+    out = []
+    for text, ans in zip(completions, answer):
+        chars = [c for c in text if not c.isspace()]
+        share = sum(c.isdigit() for c in chars) / len(chars) if chars else 0.0
+        m = _NUMBER.search(text)
+        correct = 1.0 if (m is not None and ans is not None and m.group(0) == str(ans)) else 0.0
+        out.append(share + correct)
+    return out
+
+
+#: GRPOConfig values of the embedded default run (tuned to learn within minutes on 2 CPU cores)
+DEFAULT_TRAIN_CONFIG: dict[str, Any] = {
+    "output_dir": "rlcore-output/digits",
+    "reward_funcs": [TASK_NAME],
+    "num_generations": 8,
+    "per_device_train_batch_size": 32,
+    "max_completion_length": 8,
+    "max_prompt_length": 64,
+    "max_steps": 60,
+    "learning_rate": 3e-3,
+    "lr_scheduler_type": "constant",
+    "warmup_steps": 0,
+    "loss_type": "dapo",
+    "beta": 0.0,
+    "temperature": 1.0,
+    "logging_steps": 1,
+    "save_strategy": "no",
+    "seed": 0,
+    "report_to": "none",
+}
+
+
+@hookimpl
+def register_rewards(register: Callable[..., None]) -> None:
+    register(TASK_NAME, "rlcore.tasks:digits_reward", description="default task: answer sums with digits")

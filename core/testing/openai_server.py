@@ -1,0 +1,227 @@
+"""A real HTTP server speaking vLLM's OpenAI-compatible ``/v1/completions`` dialect, on 127.0.0.1.
+
+Tests of HTTP samplers (and anything that talks to "a vLLM server") run against this instead of a
+mocked client: a FastAPI app served by uvicorn on a free port in a background thread, generating
+with a real model through :class:`rlcore.sampling.hf.HFSampler`. It implements the parts of vLLM's
+server that rlcore uses, in vLLM's response format:
+
+- ``POST /v1/completions`` — ``prompt`` as token ids (a list of ints, or a list of such lists) or
+  text; ``n``, ``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``seed``, ``stop``,
+  ``stop_token_ids``, ``min_tokens``, ``repetition_penalty``, ``logprobs``,
+  ``return_tokens_as_token_ids`` (tokens come back as ``"token_id:123"``).
+- ``GET /v1/models``, ``GET /health``.
+- vLLM's dev-mode control endpoints (``VLLM_SERVER_DEV_MODE=1``): ``POST /collective_rpc``,
+  ``/reset_prefix_cache``, ``/sleep``, ``/wake_up``, ``GET /is_sleeping``. The one RPC method served
+  is the one rlcore's worker extension adds (:mod:`rlcore.sampling.vllm_worker`):
+  ``rlcore_load_weights_from_path``.
+
+Fault injection for tests: append HTTP status codes to ``server.faults`` and the next
+``/v1/completions`` requests answer with them (one each) before normal service resumes.
+"""
+
+# no `from __future__ import annotations`: FastAPI resolves the endpoint annotations (Request) at runtime
+
+import asyncio
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+from ..sampling.hf import HFSampler
+from ..types import SamplingParams
+
+RPC_LOAD_WEIGHTS = "rlcore_load_weights_from_path"
+
+
+def _error(status: int, message: str, kind: str = "BadRequestError") -> Any:
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse(
+        {"object": "error", "message": message, "type": kind, "param": None, "code": status}, status_code=status
+    )
+
+
+def build_app(server: "OpenAICompatServer") -> Any:
+    """The FastAPI app; ``server`` holds the sampler, the fault queue and what was received."""
+    from fastapi import FastAPI, Request
+
+    app = FastAPI(title="rlcore test vLLM-compatible server")
+    sampler = server.sampler
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": server.model_name, "object": "model", "owned_by": "rlcore"}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        body = await request.json()
+        server.requests.append(body)
+        if server.faults:
+            status = server.faults.pop(0)
+            return _error(status, f"injected fault {status}", "ServiceUnavailableError")
+        if body.get("model") not in (None, server.model_name):
+            return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+        prompts = body.get("prompt")
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if not isinstance(prompts, list) or not prompts:
+            return _error(400, "prompt must be a string, a list of token ids, or a list of those")
+        token_prompts = [
+            sampler.tokenizer.encode(p, add_special_tokens=False) if isinstance(p, str) else [int(t) for t in p]
+            for p in prompts
+        ]
+        n = int(body.get("n") or 1)
+        seed = body.get("seed")
+        stop = body.get("stop") or []
+        params = SamplingParams(
+            max_tokens=int(body.get("max_tokens") or 16),
+            temperature=float(body.get("temperature", 1.0)),
+            top_p=float(body.get("top_p", 1.0)),
+            top_k=int(body.get("top_k", -1) or -1),
+            min_p=float(body.get("min_p", 0.0)),
+            stop=[stop] if isinstance(stop, str) else list(stop),
+            stop_token_ids=list(body.get("stop_token_ids") or []),
+            min_tokens=int(body.get("min_tokens", 0)),
+            repetition_penalty=float(body.get("repetition_penalty", 1.0)),
+        )
+        from ..errors import SamplerError
+
+        try:
+            outs = await asyncio.gather(*(
+                sampler.generate(p, params.replace(seed=None if seed is None else int(seed) + i))
+                for p in token_prompts for i in range(n)
+            ))
+        except SamplerError as exc:
+            return _error(400, str(exc))
+        as_ids = bool(body.get("return_tokens_as_token_ids"))
+        want_logprobs = body.get("logprobs") is not None
+        choices = []
+        for index, c in enumerate(outs):
+            logprobs = None
+            if want_logprobs:
+                toks = [f"token_id:{t}" if as_ids else sampler.tokenizer.convert_ids_to_tokens(t) for t in c.token_ids]
+                offsets, pos = [], 0
+                for t in c.token_ids:
+                    offsets.append(pos)
+                    pos += len(sampler.tokenizer.decode([t]))
+                logprobs = {
+                    "text_offset": offsets,
+                    "token_logprobs": c.logprobs,
+                    "tokens": toks,
+                    "top_logprobs": [{tok: lp} for tok, lp in zip(toks, c.logprobs)],
+                }
+            stop_reason = c.meta.get("stop")
+            if stop_reason in sampler.default_stop_token_ids and not params.stop_token_ids:
+                stop_reason = None  # vLLM reports None when the model's own EOS ended the sequence
+            choices.append({
+                "index": index, "text": c.text, "logprobs": logprobs,
+                "finish_reason": c.finish_reason, "stop_reason": stop_reason,
+            })
+        prompt_tokens = sum(len(p) for p in token_prompts) * n
+        completion_tokens = sum(len(c.token_ids) for c in outs)
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+            "model": server.model_name, "choices": choices,
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens},
+        }
+
+    @app.post("/collective_rpc")
+    async def collective_rpc(request: Request) -> Any:
+        body = await request.json()
+        method = body.get("method")
+        if method != RPC_LOAD_WEIGHTS:
+            return _error(400, f"unknown collective_rpc method {method!r}")
+        kwargs = body.get("kwargs") or {}
+        from ..sampling.vllm_worker import read_weights
+
+        try:
+            weights = read_weights(kwargs["path"])
+            await asyncio.to_thread(sampler.update_weights, weights)
+        except Exception as exc:  # noqa: BLE001 - reported to the client like vLLM does
+            return _error(500, f"{type(exc).__name__}: {exc}", "InternalServerError")
+        server.weight_syncs += 1
+        return {"results": [len(weights)]}
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> Any:
+        server.prefix_cache_resets += 1
+        return {}
+
+    @app.post("/sleep")
+    async def sleep(level: int = 1) -> Any:
+        sampler.sleep(level)
+        server.sleeping = True
+        return {}
+
+    @app.post("/wake_up")
+    async def wake_up() -> Any:
+        sampler.wake_up()
+        server.sleeping = False
+        return {}
+
+    @app.get("/is_sleeping")
+    async def is_sleeping() -> Any:
+        return {"is_sleeping": server.sleeping}
+
+    return app
+
+
+class OpenAICompatServer:
+    """Serve ``sampler`` (or a model path, loaded into an ``HFSampler``) on 127.0.0.1 in a thread.
+
+    Use as a context manager or call :meth:`start` / :meth:`stop`. ``url`` is the base URL.
+    """
+
+    def __init__(self, sampler: HFSampler | str, *, model_name: str = "rlcore-tiny", host: str = "127.0.0.1", port: int = 0) -> None:
+        self.sampler = HFSampler(sampler, batch_window_ms=5) if isinstance(sampler, str) else sampler
+        self.model_name = model_name
+        self.host = host
+        self.port = port
+        self.faults: list[int] = []
+        self.requests: list[dict[str, Any]] = []
+        self.weight_syncs = 0
+        self.prefix_cache_resets = 0
+        self.sleeping = False
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> "OpenAICompatServer":
+        import uvicorn
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(build_app(self), log_level="warning", access_log=False, lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True,
+                                        name=f"openai-server:{self.port}")
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"test OpenAI server on {self.url} did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def __enter__(self) -> "OpenAICompatServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

@@ -1,0 +1,297 @@
+"""``rlcore train``: flags straight from :class:`GRPOConfig` (transformers' HfArgumentParser, as
+TRL's CLI does), plus ``--config FILE.yaml|toml``, ``--model``, ``--dataset``, ``--reward NAME``
+(repeatable) and plugin options as flags (``--env-url X`` reaches whichever scheduler/sampler
+declares ``env_url``).
+
+With no arguments it trains the built-in tiny model on the built-in ``digits`` task on the CPU
+(see :mod:`rlcore.tasks`). Every check — flags, names, dataset columns — runs before any model
+is loaded, and a problem is one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from typing import Any, Sequence
+
+import click
+
+from .errors import ConfigError
+
+#: flags handled here rather than by GRPOConfig
+SCRIPT_FLAGS = {
+    "config": "YAML/TOML file of GRPOConfig values (flags override it)",
+    "model": "HF model id or local path [default: the built-in tiny model]",
+    "dataset": ".jsonl/.json/.parquet file or datasets name [default: the built-in digits task]",
+    "dataset_split": "split of a datasets name [default: train]",
+    "prompt_column": "column holding the prompt when it is not prompt/messages/question",
+    "system_prompt": "system message prepended to every prompt",
+    "reward": "reward name (repeatable): `rlcore components reward`",
+}
+
+
+def register(cli: Any) -> None:
+    cli.add_command(train_command)
+
+
+@click.command(
+    name="train",
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
+    add_help_option=False,
+)
+@click.pass_context
+def train_command(ctx: click.Context) -> None:
+    """Train with GRPO. No arguments: the built-in tiny model learns the built-in task on the CPU.
+    `rlcore train --help` lists every flag."""
+    argv = list(ctx.args)
+    if "-h" in argv or "--help" in argv:
+        click.echo(help_text())
+        return
+    from .distributed.cli import run_distributed_plan, split_distributed_flags
+
+    distributed, argv = split_distributed_flags(argv)
+    plan = build_plan(argv)
+    if distributed is not None:
+        run_distributed_plan(plan, distributed)
+        return
+    run_plan(plan)
+
+
+# --- parsing ---------------------------------------------------------------------------------------
+def _parser() -> Any:
+    from transformers import HfArgumentParser
+
+    from .training.config import GRPOConfig
+
+    parser = HfArgumentParser(GRPOConfig, prog="rlcore train")
+
+    def error(message: str) -> None:
+        raise ConfigError(message.splitlines()[0])
+
+    parser.error = error  # type: ignore[method-assign]
+    return parser
+
+
+def help_text() -> str:
+    lines = [_parser().format_help(), "rlcore options:"]
+    for name, text in SCRIPT_FLAGS.items():
+        lines.append(f"  --{name.replace('_', '-')}  {text}")
+    lines.append("  plugin options: any --flag a scheduler/sampler/env declares (e.g. --env-url, --max-concurrent-envs)")
+    from .distributed.cli import help_lines
+
+    lines.extend(help_lines())
+    return "\n".join(lines) + "\n"
+
+
+def _read_config_file(path: str) -> dict[str, Any]:
+    if not os.path.exists(path):
+        raise ConfigError(f"config file {path} does not exist")
+    ext = os.path.splitext(path)[1].lower()
+    try:
+        if ext in (".yaml", ".yml"):
+            import yaml
+
+            with open(path, encoding="utf-8") as f:
+                data = yaml.safe_load(f) or {}
+        elif ext == ".toml":
+            import tomllib
+
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        else:
+            raise ConfigError(f"config file {path}: use .yaml, .yml or .toml")
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a malformed file is a user error
+        raise ConfigError(f"config file {path} is not valid: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of option: value")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def _split_script_args(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
+    """Pull out rlcore's own flags (``--reward`` may repeat); the rest goes to HfArgumentParser."""
+    script: dict[str, Any] = {"reward": []}
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, value = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
+        key = name.replace("-", "_")
+        if key in SCRIPT_FLAGS:
+            if not eq:
+                if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+                    raise ConfigError(f"--{name} needs a value")
+                value = argv[i + 1]
+                i += 1
+            if key == "reward":
+                script["reward"].extend(v for v in value.split(",") if v)
+            else:
+                script[key] = value
+        else:
+            rest.append(arg)
+        i += 1
+    return script, rest
+
+
+@dataclasses.dataclass
+class TrainPlan:
+    """Everything decided before the model loads."""
+
+    args: Any
+    model: str
+    rows: list[dict[str, Any]]
+    task: str
+    prompt_column: str | None
+    system_prompt: str | None
+    component_options: dict[str, dict[str, Any]]
+
+
+def build_plan(argv: Sequence[str]) -> TrainPlan:
+    """Parse and validate everything (no model load). Raises ConfigError/DatasetError/UnknownComponentError."""
+    from .tasks import DEFAULT_TRAIN_CONFIG, TASK_NAME, digits_dataset
+    from .training.config import GRPOConfig, validate_components
+
+    script, rest = _split_script_args(argv)
+    file_values: dict[str, Any] = {}
+    if script.get("config"):
+        file_values = _read_config_file(script["config"])
+        for key in list(file_values):
+            if key in SCRIPT_FLAGS:
+                v = file_values.pop(key)
+                if key == "reward":
+                    script["reward"] = list(v if isinstance(v, list) else [v]) + script["reward"]
+                else:
+                    script.setdefault(key, v)
+    default_task = not script.get("dataset")
+    defaults: dict[str, Any] = dict(DEFAULT_TRAIN_CONFIG) if default_task else {}
+    if not default_task:
+        defaults.pop("reward_funcs", None)
+    field_names = {f.name for f in dataclasses.fields(GRPOConfig)}
+    plugin_from_file = {k: v for k, v in file_values.items() if k not in field_names}
+    defaults.update({k: v for k, v in file_values.items() if k in field_names})
+
+    parser = _parser()
+    parser.set_defaults(**defaults)
+    (args_ns, leftover) = parser.parse_known_args(list(rest))
+    # rebuild through the dataclass so __post_init__ runs its checks
+    values = {k: v for k, v in vars(args_ns).items() if k in field_names}
+    if script["reward"]:
+        values["reward_funcs"] = list(dict.fromkeys((values.get("reward_funcs") or []) + script["reward"])) \
+            if not default_task else list(dict.fromkeys(script["reward"]))
+    if values.get("output_dir") is None:
+        values["output_dir"] = "rlcore-output"
+    try:
+        args = GRPOConfig(**values)
+    except (ValueError, TypeError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(str(exc).splitlines()[0]) from None
+    validate_components(args)
+    component_options = _plugin_options(args, leftover, plugin_from_file)
+
+    model = script.get("model")
+    if model is None:
+        from .testing import tiny_model_path
+
+        model = tiny_model_path()
+    elif model.startswith((".", "/", "~")) and not os.path.exists(os.path.expanduser(model)):
+        raise ConfigError(f"model path {model} does not exist; pass an existing directory or a Hugging Face id")
+    if default_task:
+        rows, task = digits_dataset(), TASK_NAME
+    else:
+        from .data import load_rows
+
+        rows, task = load_rows(script["dataset"], split=script.get("dataset_split") or "train"), str(script["dataset"])
+    from .training.data import check_columns
+
+    check_columns(rows, script.get("prompt_column"), f"dataset {task}")
+    return TrainPlan(args, os.path.expanduser(model), rows, task, script.get("prompt_column"),
+                     script.get("system_prompt"), component_options)
+
+
+def _plugin_options(args: Any, leftover: list[str], from_file: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Route leftover flags (and unknown config-file keys) to the scheduler/sampler that declares them."""
+    if not leftover and not from_file:
+        return {"scheduler": {}, "sampler": {}}
+    from .plugins import get
+    from .rollout.options import parse_flags, resolve_options
+
+    flags = parse_flags(leftover) if leftover else {}
+    flags = {**from_file, **flags}
+    factories = {
+        f"scheduler {args.scheduler!r}": get("scheduler", args.scheduler),
+        f"sampler {args.sampler!r}": get("sampler", args.sampler),
+    }
+    routed = resolve_options(flags, factories)
+    labels = list(factories)
+    return {"scheduler": routed[labels[0]], "sampler": routed[labels[1]]}
+
+
+# --- running ----------------------------------------------------------------------------------------
+def run_plan(plan: TrainPlan) -> Any:
+    """Load the model, train, print a summary. Returns the trainer."""
+    from rich.console import Console
+
+    console = Console(stderr=False)
+    args = plan.args
+    args.scheduler_options = {**(args.scheduler_options or {}), **plan.component_options.get("scheduler", {})}
+    args.sampler_options = {**(args.sampler_options or {}), **plan.component_options.get("sampler", {})}
+    _header(console, plan)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    from .trainer import GRPOTrainer
+
+    started = time.perf_counter()
+    trainer = GRPOTrainer(plan.model, args=args, train_dataset=plan.rows, prompt_column=plan.prompt_column,
+                          system_prompt=plan.system_prompt)
+    interrupted = False
+    try:
+        trainer.train(resume_from_checkpoint=args.resume_from_checkpoint or None)
+    except KeyboardInterrupt:
+        interrupted = True
+    if not interrupted and args.save_strategy != "no":
+        trainer.save_model(args.output_dir)
+    _summary(console, trainer, time.perf_counter() - started, interrupted)
+    if interrupted:
+        sys.exit(130)
+    return trainer
+
+
+def _header(console: Any, plan: TrainPlan) -> None:
+    from rich.panel import Panel
+
+    a = plan.args
+    lines = [
+        f"[bold]model[/]     {plan.model}",
+        f"[bold]task[/]      {plan.task} ({len(plan.rows)} prompts) · rewards: {', '.join(a.reward_funcs or [])}",
+        f"[bold]algorithm[/] loss {a.effective_loss_type} · advantage {a.advantage} · scheduler {a.scheduler} · sampler {a.sampler}",
+        f"[bold]batch[/]     {a.prompts_per_generation} prompts × {a.num_generations} generations · "
+        f"{a.max_completion_length} tokens max · {a.max_steps if a.max_steps > 0 else 'epochs: ' + str(a.num_train_epochs)} steps",
+        f"[bold]output[/]    {a.output_dir}",
+    ]
+    console.print(Panel("\n".join(lines), title="rlcore train", expand=False))
+
+
+def _summary(console: Any, trainer: Any, wall: float, interrupted: bool) -> None:
+    from rich.table import Table
+
+    from .training.metrics import read_jsonl
+
+    rows = read_jsonl(trainer.args.output_dir)
+    rewards = [r["reward"] for r in rows if r.get("reward") is not None]
+    table = Table(title="interrupted" if interrupted else "done", show_header=False, expand=False)
+    table.add_row("steps", str(trainer.state.global_step))
+    if rewards:
+        k = max(1, len(rewards) // 10)
+        first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
+        table.add_row("reward (first 10% → last 10%)", f"{first:.3f} → {last:.3f}" + (f"  ({last / first:.1f}×)" if first > 0 else ""))
+    table.add_row("time", f"{wall:.0f}s")
+    table.add_row("metrics", os.path.join(trainer.args.output_dir, "metrics.jsonl"))
+    if trainer.plot_paths:
+        table.add_row("plots", "\n".join(trainer.plot_paths))
+    console.print(table)

@@ -1,0 +1,408 @@
+"""``GRPOTrainer``: GRPO-family RL as a ``transformers.Trainer`` subclass.
+
+Why a Trainer subclass: accelerate, mixed precision, gradient accumulation, ``report_to``,
+``save_steps`` and ``resume_from_checkpoint`` then work exactly as transformers users expect. We
+slot RL into it the way TRL does: the Trainer's micro-steps pull from a buffer of mini-batches; when
+the buffer is empty one *generation step* refills it:
+
+1. sync weights to the sampler (the colocated ``hf`` sampler shares the module: nothing to copy),
+2. roll out ``num_generations`` trajectories per prompt through the chosen scheduler,
+3. score them with every reward (weighted) and turn rewards into advantages (the chosen estimator),
+4. record old logprobs when the policy will move before the batch is used up (μ>1 or several
+   optimizer steps per generation) and reference logprobs when ``beta`` > 0,
+5. cut ``num_iterations`` shuffled passes into micro-batches.
+
+``compute_loss`` then scores one micro-batch with chunked logprobs and the chosen loss plugin.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any, Sequence
+
+import torch
+from transformers import Trainer
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
+from transformers.trainer_utils import get_last_checkpoint
+
+from .plugins import get as get_component
+from .algorithms.advantages import AdvantageStats, group_indices
+from .algorithms.logprobs import completion_logprobs
+from .algorithms.losses import LossConfig
+from .asyncutil import run_sync
+from .errors import ConfigError
+from .plugins import RunHooks
+from .rewards import compute_rewards
+from .training import checkpoint as ckpt
+from .training.components import (
+    apply_peft,
+    export_weights,
+    load_model,
+    load_tokenizer,
+    make_advantage,
+    make_rewards,
+    make_sampler,
+    make_scheduler,
+    reference_model,
+    sampling_params,
+    shares_module,
+)
+from .training.config import GRPOConfig, check_values, validate_components
+from .training.data import PromptCursor, as_rows, check_columns, make_prompt
+from .training.metrics import MetricAccumulator, append_jsonl, rollout_metrics, truncate_jsonl
+from .training.plots import write_plots
+from .training.progress import RichProgressCallback
+from .types import Batch, Trajectory
+
+__all__ = ["GRPOConfig", "GRPOTrainer"]
+
+
+class _StepCounter(torch.utils.data.Dataset):
+    """The Trainer's dataloader: one item per micro-step. Real data comes from the prompt cursor
+    (whose position is checkpointed), so Trainer's own batch skipping on resume stays harmless."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+class GRPOTrainer(Trainer):
+    """Train ``model`` with GRPO-family RL.
+
+    Args:
+        model: a HF id / path, or a ``PreTrainedModel``.
+        reward_funcs: reward functions or registered names, in addition to ``args.reward_funcs``.
+        args: a :class:`GRPOConfig`.
+        train_dataset: rows (list of dicts or a ``datasets.Dataset``) with a prompt column.
+        processing_class: the tokenizer (default: loaded from the model's path).
+        sampler / scheduler: ready-made components instead of the configured names.
+        peft_config: a ``peft.LoraConfig`` (or set ``args.use_peft``).
+        prompt_column / system_prompt: how rows become prompts (see :mod:`rlcore.training.data`).
+    """
+
+    loss_is_scaled_for_ga = True  # compute_loss divides by gradient_accumulation_steps itself
+
+    def __init__(
+        self,
+        model: Any,
+        reward_funcs: Any = None,
+        args: GRPOConfig | None = None,
+        train_dataset: Any = None,
+        processing_class: Any = None,
+        *,
+        sampler: Any = None,
+        scheduler: Any = None,
+        peft_config: Any = None,
+        prompt_column: str | None = None,
+        system_prompt: str | None = None,
+        callbacks: list[Any] | None = None,
+        optimizers: tuple[Any, Any] = (None, None),
+        **kwargs: Any,
+    ) -> None:
+        args = args or GRPOConfig()
+        if not isinstance(args, GRPOConfig):
+            raise ConfigError(f"args must be a GRPOConfig, got {type(args).__name__}")
+        check_values(args)
+        if reward_funcs is not None and not isinstance(reward_funcs, (list, tuple)):
+            reward_funcs = [reward_funcs]
+        extra = [r for r in (reward_funcs or [])]
+        validate_components(args, extra_rewards=len(extra))
+        self.rows = as_rows(train_dataset)
+        self.prompt_column = prompt_column
+        self.has_prompt = check_columns(self.rows, prompt_column, "train_dataset")
+        self.system_prompt = system_prompt
+
+        # --- model, tokenizer, components (after every cheap check) ----------------------------
+        tokenizer = load_tokenizer(model, processing_class)
+        model = apply_peft(load_model(model, args), args, peft_config)
+        self.ref_model = reference_model(model, args)
+        self.reward_objects, self.reward_weights = make_rewards(args, extra)
+        self.advantage = make_advantage(args)
+        self.loss_fn = get_component("loss", args.effective_loss_type)
+        super().__init__(
+            model=model, args=args, train_dataset=None, processing_class=tokenizer,
+            callbacks=callbacks, optimizers=optimizers, **kwargs,
+        )
+        self.sampler = make_sampler(args, self.model, tokenizer, sampler)
+        self.scheduler_obj = make_scheduler(args, self.sampler, tokenizer, scheduler)
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+        if self.ref_model is not None:
+            self.ref_model.to(self.args.device)
+
+        # --- run state -------------------------------------------------------------------------
+        self.cursor = PromptCursor(len(self.rows), seed=args.seed)
+        self._buffer: list[dict[str, Any]] = []
+        self._train_metrics = MetricAccumulator()
+        self._gen_metrics: dict[str, float] = {}
+        self._rollout_time = 0.0
+        self._sampled_tokens = 0.0
+        self._last_log_time: float | None = None
+        self._generations = 0
+        self.plot_paths: list[str] = []
+        if not args.disable_tqdm:
+            self.remove_callback(ProgressCallback)
+            self.remove_callback(PrinterCallback)
+            self.progress_callback = RichProgressCallback()
+            self.add_callback(self.progress_callback)
+        else:
+            self.progress_callback = None
+
+    # --- the Trainer's data: micro-step counters -----------------------------------------------------
+    @property
+    def micro_steps_per_generation(self) -> int:
+        return int(self.args.steps_per_generation) * self.args.gradient_accumulation_steps * self.args.num_iterations
+
+    def get_train_dataloader(self) -> torch.utils.data.DataLoader:
+        gens_per_epoch = max(1, math.ceil(len(self.rows) / self.args.prompts_per_generation))
+        n = gens_per_epoch * self.micro_steps_per_generation
+        if self.args.max_steps and self.args.max_steps > 0:
+            n = self.args.max_steps * self.args.gradient_accumulation_steps
+        return torch.utils.data.DataLoader(_StepCounter(n), batch_size=1, collate_fn=lambda items: {"micro_step": items})
+
+    def _prepare_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        if not self.model.training:  # evaluation is not part of GRPO here
+            return inputs
+        if not self._buffer:
+            self._buffer = self._generate_and_score()
+        return self._buffer.pop(0)
+
+    # --- one generation step ----------------------------------------------------------------------------
+    def _next_prompts(self) -> list[Any]:
+        idx = self.cursor.take(self.args.prompts_per_generation)
+        return [make_prompt(self.rows[i], self.processing_class, self.has_prompt, self.prompt_column,
+                            self.args.max_prompt_length, self.system_prompt) for i in idx]
+
+    def sync_weights(self) -> None:
+        """Make the sampler generate with the current policy."""
+        if shares_module(self.sampler, self.model):
+            self.sampler.policy_version = int(self.state.global_step)
+            return
+        weights = export_weights(self.accelerator.unwrap_model(self.model))
+        self.sampler.update_weights(weights)
+        if hasattr(self.sampler, "reset_prefix_cache"):
+            self.sampler.reset_prefix_cache()
+
+    def rollout(self, prompts: Sequence[Any]) -> list[Trajectory]:
+        from .rollout.driver import run_rollouts
+
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            result = run_sync(run_rollouts(
+                self.scheduler_obj, list(prompts), num_generations=self.args.num_generations,
+                sampling_params=sampling_params(self.args), components=(),
+                concurrency=self.args.rollout_concurrency, progress=False, timeout=self.args.rollout_timeout,
+            ))
+        finally:
+            self.model.train(was_training)
+        return result.trajectories
+
+    def _score(self, trajs: list[Trajectory]) -> tuple[Any, dict[str, list[float | None]], AdvantageStats]:
+        for r in self.reward_objects:
+            if hasattr(r, "trainer_state"):
+                r.trainer_state = self.state
+        hooks = RunHooks(*self.reward_objects)
+        columns = run_sync(compute_rewards(hooks, trajs, self.reward_weights))
+        rewards = torch.tensor([
+            math.nan if (t.reward is None or t.status == "failed") else float(t.reward) for t in trajs
+        ], dtype=torch.float32)
+        groups = [t.group_id for t in trajs]
+        adv = run_sync(RunHooks(self.advantage, observers=False).call_first(
+            "compute_advantage", rewards=rewards, groups=groups, trajectories=trajs, config=self.args))
+        if adv is None:
+            raise ConfigError(f"advantage estimator {self.args.advantage!r} returned nothing")
+        stats = getattr(self.advantage, "stats", None)
+        if not isinstance(stats, AdvantageStats):
+            stats = AdvantageStats(groups=len(group_indices(groups)))
+        return adv, columns, stats
+
+    def _generate_and_score(self) -> list[dict[str, Any]]:
+        t0 = time.perf_counter()
+        self.sync_weights()
+        prompts = self._next_prompts()
+        trajs = self.rollout(prompts)
+        t_rollout = time.perf_counter() - t0
+        adv, columns, stats = self._score(trajs)
+        if isinstance(adv, torch.Tensor):
+            adv_list: list[Any] = adv.detach().float().cpu().tolist()
+        else:
+            adv_list = [list(a) if isinstance(a, (list, tuple)) else float(a) for a in adv]
+        batch = Batch.from_trajectories(trajs, adv_list, self.pad_token_id)
+        for i, t in enumerate(trajs):  # failed (and, if asked, truncated) trajectories do not train
+            if t.status == "failed" or (self.args.mask_truncated_completions and t.status == "truncated"):
+                batch.completion_mask[i] = 0
+        batch = batch.to(self.args.device)
+        self._attach_logps(batch)
+        self._gen_metrics = rollout_metrics(trajs, columns, stats.zero_std_frac)
+        self._rollout_time += time.perf_counter() - t0
+        self._gen_metrics["rollout_only_time"] = t_rollout
+        self._sampled_tokens += self._gen_metrics["sampled_tokens"]
+        self._generations += 1
+        return self._micro_batches(batch)
+
+    @torch.no_grad()
+    def _attach_logps(self, batch: Batch) -> None:
+        """Old logprobs (policy at rollout time) when the policy moves before the batch is used up,
+        or when IS correction needs trainer logprobs of the rollout policy; reference logprobs for KL."""
+        a = self.args
+        need_old = a.num_iterations > 1 or int(a.steps_per_generation) > 1 or a.is_correction is not None
+        mb = max(1, a.per_device_train_batch_size)
+        if need_old:
+            was = self.model.training
+            self.model.eval()
+            batch.old_logps = self._logps_in_chunks(self.model, batch, mb)
+            self.model.train(was)
+        if a.beta != 0.0:
+            if self.ref_model is not None:
+                batch.ref_logps = self._logps_in_chunks(self.ref_model, batch, mb)
+            else:  # LoRA: the base model is the reference
+                with self.accelerator.unwrap_model(self.model).disable_adapter():
+                    batch.ref_logps = self._logps_in_chunks(self.model, batch, mb)
+
+    def _logps_in_chunks(self, model: Any, batch: Batch, size: int) -> torch.Tensor:
+        parts = []
+        for s in range(0, batch.size, size):
+            part = batch.select(slice(s, s + size))
+            lp, _ = completion_logprobs(model, part.input_ids, part.attention_mask, part.completion_mask,
+                                        temperature=self.args.temperature, chunk_size=self.args.logprob_chunk_size)
+            parts.append(lp)
+        return torch.cat(parts, 0) if parts else torch.zeros_like(batch.completion_mask)
+
+    def _micro_batches(self, batch: Batch) -> list[dict[str, Any]]:
+        """``num_iterations`` shuffled passes, each cut into steps_per_generation × GA micro-batches;
+        each carries the active-token share of its optimizer step (token-level losses' normaliser)."""
+        a = self.args
+        ga, spg = a.gradient_accumulation_steps, int(a.steps_per_generation)
+        n_micro = spg * ga
+        out: list[dict[str, Any]] = []
+        gen = torch.Generator().manual_seed(int(a.seed) * 7919 + self._generations)
+        tokens = batch.completion_mask.sum(-1).cpu()
+        for _ in range(a.num_iterations):
+            order = torch.randperm(batch.size, generator=gen)
+            chunks = [c for c in torch.tensor_split(order, n_micro)]
+            for w in range(spg):
+                window = chunks[w * ga : (w + 1) * ga]
+                window_tokens = float(sum(float(tokens[c].sum()) for c in window))
+                for c in window:
+                    out.append({"batch": batch.select(c.to(batch.input_ids.device)),
+                                "num_items": window_tokens / ga})
+        return out
+
+    # --- the loss ----------------------------------------------------------------------------------
+    def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: Any = None) -> Any:
+        b: Batch = inputs["batch"]
+        ga = self.current_gradient_accumulation_steps if self.model.training else 1
+        if b.size == 0 or float(b.completion_mask.sum()) == 0:
+            zero = sum((p.sum() * 0.0 for p in model.parameters() if p.requires_grad), torch.zeros((), device=self.args.device))
+            return (zero, None) if return_outputs else zero
+        logps, entropy = completion_logprobs(
+            model, b.input_ids, b.attention_mask, b.completion_mask,
+            temperature=self.args.temperature, chunk_size=self.args.logprob_chunk_size, entropy=True,
+        )
+        cfg = LossConfig.from_args(self.args, num_items=inputs.get("num_items"))
+        loss, metrics = self.loss_fn(
+            logps, b.old_logps, b.advantages, b.completion_mask,
+            ref_logps=b.ref_logps, sampler_logps=b.sampler_logps if self.args.is_correction else None,
+            is_valid=b.is_valid, config=cfg,
+        )
+        mask = b.completion_mask
+        metrics = dict(metrics)
+        metrics["entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1.0))
+        self._train_metrics.add(metrics)
+        loss = loss / ga
+        return (loss, None) if return_outputs else loss
+
+    # --- logging -----------------------------------------------------------------------------------
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        if "loss" in logs and "train_runtime" not in logs:
+            now = time.perf_counter()
+            steps = max(1, self.state.global_step - getattr(self, "_last_logged_step", 0))
+            elapsed = now - (self._last_log_time or self._train_start)
+            train = self._train_metrics.pop()
+            rollout_time = self._rollout_time
+            record: dict[str, Any] = {"step": self.state.global_step}
+            record.update(self._gen_metrics)
+            record.update(train)
+            record.update(logs)
+            record.pop("rollout_only_time", None)
+            record["step_time"] = elapsed / steps
+            record["rollout_time"] = rollout_time / steps
+            record["train_time"] = max(0.0, elapsed - rollout_time) / steps
+            record["tokens_per_second"] = self._sampled_tokens / elapsed if elapsed > 0 else 0.0
+            for key in ("clip_ratio/low", "clip_ratio/high", "kl", "entropy"):
+                record.setdefault(key, 0.0)
+            self._rollout_time = 0.0
+            self._sampled_tokens = 0.0
+            self._last_log_time = now
+            self._last_logged_step = self.state.global_step
+            if self.args.should_save:
+                append_jsonl(self.args.output_dir, record)
+            logs = {k: v for k, v in record.items() if k != "step" and isinstance(v, (int, float))}
+        super().log(logs, *args, **kwargs)
+
+    # --- train, checkpoints, resume ------------------------------------------------------------------
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> Any:
+        """``Trainer.train`` plus rlcore's state on resume, plots at the end and on Ctrl-C."""
+        path = None
+        if resume_from_checkpoint:
+            ckpt.clean_incomplete(self.args.output_dir)
+            path = get_last_checkpoint(self.args.output_dir) if resume_from_checkpoint is True else str(resume_from_checkpoint)
+            if path is None:
+                raise ConfigError(f"no checkpoint to resume from in {self.args.output_dir}")
+            self._load_rlcore_state(path)
+        elif self.args.should_save and os.path.exists(os.path.join(self.args.output_dir, "metrics.jsonl")):
+            os.remove(os.path.join(self.args.output_dir, "metrics.jsonl"))
+        self._train_start = time.perf_counter()
+        try:
+            return super().train(resume_from_checkpoint=path, **kwargs)
+        finally:
+            if self.progress_callback is not None:
+                self.progress_callback.stop()
+            if self.args.plots and self.args.should_save:
+                self.plot_paths = write_plots(self.args.output_dir)
+
+    def _load_rlcore_state(self, path: str) -> None:
+        state, buffer = ckpt.read_state(path)
+        if "cursor" in state:
+            self.cursor.load_state_dict(state["cursor"])
+        self._generations = int(state.get("generations", 0))
+        self._gen_metrics = dict(state.get("gen_metrics", {}))
+        self._buffer = [dict(mb, batch=mb["batch"].to(self.args.device)) for mb in (buffer or [])]
+        step = int(state.get("global_step", 0))
+        truncate_jsonl(self.args.output_dir, step)
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        """Write the checkpoint in a hidden temp dir, add rlcore's state, then rename it into place."""
+        run_dir = self._get_output_dir(trial=trial)
+        folder = f"checkpoint-{self.state.global_step}"
+        tmp = ckpt.temp_run_dir(run_dir, self.state.global_step)
+        original = self._get_output_dir
+        self._get_output_dir = lambda trial=None: tmp  # type: ignore[method-assign]
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self._get_output_dir = original  # type: ignore[method-assign]
+        state = {
+            "global_step": self.state.global_step,
+            "cursor": self.cursor.state_dict(),
+            "generations": self._generations,
+            "gen_metrics": self._gen_metrics,
+        }
+        buffer = [dict(mb, batch=mb["batch"].to("cpu")) for mb in self._buffer]
+        ckpt.write_state(os.path.join(tmp, folder), state, buffer)
+        final = ckpt.publish(tmp, run_dir, folder)
+        if self.state.best_model_checkpoint and os.path.basename(self.state.best_model_checkpoint) == folder:
+            self.state.best_model_checkpoint = final
+        if self.args.should_save:
+            from transformers.trainer_utils import rotate_checkpoints
+
+            rotate_checkpoints(output_dir=run_dir, save_total_limit=self.args.save_total_limit,
+                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)

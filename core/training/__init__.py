@@ -1,0 +1,1 @@
+"""The training half: config, the GRPO trainer and its helpers (checkpoints, metrics, plots, data)."""

@@ -1,0 +1,169 @@
+"""Building a run's parts from its config: model (+LoRA), tokenizer, reference model, sampler,
+scheduler, rewards and the advantage estimator. Kept apart from the trainer so the trainer reads
+as the training loop and nothing else."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from typing import Any, Callable, Sequence
+
+from ..plugins import get as get_component
+from ..errors import ConfigError, MissingDependencyError
+from ..rewards import Reward, as_reward
+from ..types import SamplingParams
+from .config import GRPOConfig
+
+
+def load_model(model: Any, args: GRPOConfig) -> Any:
+    """A causal LM from a path / hub id, or the given module as is."""
+    if isinstance(model, str):
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(model, dtype="auto")
+    return model
+
+
+def load_tokenizer(model: Any, processing_class: Any) -> Any:
+    if processing_class is not None:
+        return processing_class
+    from transformers import AutoTokenizer
+
+    path = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
+    if not path:
+        raise ConfigError("pass processing_class= (the tokenizer): the model has no path to load one from")
+    tok = AutoTokenizer.from_pretrained(path)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def apply_peft(model: Any, args: GRPOConfig, peft_config: Any = None) -> Any:
+    """Wrap ``model`` with LoRA adapters when asked (``use_peft`` or an explicit ``peft_config``)."""
+    if peft_config is None and not args.use_peft:
+        return model
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as exc:  # pragma: no cover - peft is a test dependency
+        raise MissingDependencyError("LoRA needs peft: pip install 'rlcore[peft]'") from exc
+    if peft_config is None:
+        peft_config = LoraConfig(
+            r=args.lora_r,
+            lora_alpha=args.lora_alpha,
+            lora_dropout=args.lora_dropout,
+            target_modules=args.lora_target_modules or "all-linear",
+            task_type="CAUSAL_LM",
+        )
+    return get_peft_model(model, peft_config)
+
+
+def reference_model(model: Any, args: GRPOConfig) -> Any:
+    """A frozen copy for the KL term; none when beta is 0, and none for LoRA (the base model with
+    adapters disabled is the reference)."""
+    if args.beta == 0.0 or hasattr(model, "disable_adapter"):
+        return None
+    ref = copy.deepcopy(model)
+    ref.eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+def sampling_params(args: GRPOConfig) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=args.max_completion_length,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+    )
+
+
+def make_sampler(args: GRPOConfig, model: Any, tokenizer: Any, sampler: Any = None) -> Any:
+    """The generation backend. ``hf`` gets the trainer's own module: colocated, no copy, no sync."""
+    if sampler is not None:
+        return sampler
+    factory = get_component("sampler", args.sampler)
+    opts = dict(args.sampler_options or {})
+    if args.sampler in ("hf", "transformers"):
+        opts.setdefault("seed", args.seed)
+        return factory(model=model, tokenizer=tokenizer, **opts)
+    path = getattr(getattr(_base(model), "config", None), "_name_or_path", None)
+    return factory(model=path, tokenizer=tokenizer, **opts)
+
+
+def make_scheduler(args: GRPOConfig, sampler: Any, tokenizer: Any, scheduler: Any = None) -> Any:
+    """The rollout scheduler, with scheduler and environment options as keyword arguments."""
+    if scheduler is not None and not isinstance(scheduler, str):
+        if getattr(scheduler, "sampler", None) is None:
+            scheduler.sampler = sampler
+        return scheduler
+    factory = get_component("scheduler", scheduler or args.scheduler)
+    opts: dict[str, Any] = {**(args.env_options or {}), **(args.scheduler_options or {})}
+    if args.max_turns is not None:
+        opts["max_turns"] = args.max_turns
+    return factory(sampler=sampler, tokenizer=tokenizer, sampling_params=sampling_params(args), **opts)
+
+
+def make_rewards(args: GRPOConfig, reward_funcs: Sequence[Any] | None) -> tuple[list[Reward], dict[str, float]]:
+    """Reward objects (registered names from the config, plus functions/objects passed in, TRL
+    style) and the weight of each by name."""
+    rewards: list[Reward] = []
+    for name in args.reward_funcs or []:
+        factory = get_component("reward", name)
+        options = (args.reward_options or {}).get(name, {})
+        if options and inspect.isclass(factory):
+            rewards.append(as_reward(name, factory(**options)))
+        else:
+            rewards.append(as_reward(name, factory))
+    for fn in reward_funcs or []:
+        if isinstance(fn, str):
+            rewards.append(as_reward(fn, get_component("reward", fn)))
+        else:
+            rewards.append(as_reward(getattr(fn, "__name__", None) or type(fn).__name__, fn))
+    if not rewards:
+        raise ConfigError("no reward: pass --reward NAME (see `rlcore components reward`) or reward_funcs=")
+    names = [r.name for r in rewards]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"two rewards share a name ({', '.join(names)}); names label metrics and weights")
+    weights = args.reward_weights or [1.0] * len(rewards)
+    if len(weights) != len(rewards):
+        raise ConfigError(f"reward_weights has {len(weights)} values for {len(rewards)} rewards; give one per reward")
+    return rewards, dict(zip(names, map(float, weights)))
+
+
+def make_advantage(args: GRPOConfig) -> Any:
+    factory: Callable[..., Any] = get_component("advantage", args.advantage)
+    return factory(config=args)
+
+
+def _base(model: Any) -> Any:
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def shares_module(sampler: Any, model: Any) -> bool:
+    """True when the sampler generates with the trainer's own parameters (nothing to sync)."""
+    m = getattr(sampler, "model", None)
+    return m is not None and (m is model or m is _base(model))
+
+
+def export_weights(model: Any) -> list[tuple[str, Any]]:
+    """Full weights for a separate sampler. LoRA layers are sent as ``base + delta`` computed on
+    the side: merging into the trained module and unmerging again would drift the frozen base
+    weights by rounding at every sync."""
+    if not hasattr(model, "peft_config"):
+        return [(n, t.detach()) for n, t in model.state_dict().items()]
+    base = _base(model)
+    out: dict[str, Any] = {}
+    for name, t in base.state_dict().items():
+        if "lora_" not in name:
+            out[name.replace(".base_layer", "")] = t.detach()
+    for mname, module in base.named_modules():
+        if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer") and hasattr(module, "lora_A"):
+            weight = module.base_layer.weight.detach()
+            for adapter in module.active_adapters:
+                if adapter in module.lora_A and adapter not in getattr(module, "merged_adapters", []):
+                    weight = weight + module.get_delta_weight(adapter).detach()
+            out[f"{mname}.weight"] = weight
+    return list(out.items())

@@ -1,0 +1,92 @@
+"""How the trainer walks its dataset: rows become :class:`rlcore.Prompt` through
+:mod:`rlcore.data` (prompt / messages / question-style columns, chat template with the generation
+prompt, every other column kept for rewards and schedulers), in a seeded order whose position is
+saved in checkpoints.
+
+Rows that carry only ``env_config`` are accepted for environment schedulers, which build the
+first observation themselves at reset.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Iterable
+
+from ..errors import DatasetError
+from ..types import Prompt
+
+
+def check_columns(rows: list[dict[str, Any]], prompt_column: str | None = None, source: str = "dataset") -> bool:
+    """Fail early (one line) when the rows cannot make prompts. Returns False for env_config-only rows."""
+    from ..data import row_messages
+
+    if not rows:
+        raise DatasetError(f"{source} has no rows")
+    first = rows[0]
+    if prompt_column is None and "env_config" in first and not any(
+        c in first for c in ("messages", "prompt", "question", "problem", "query", "instruction", "input")
+    ):
+        return False
+    row_messages(first, prompt_column=prompt_column)
+    return True
+
+
+def make_prompt(row: dict[str, Any], tokenizer: Any, has_prompt: bool, prompt_column: str | None = None,
+                max_prompt_length: int | None = None, system_prompt: str | None = None) -> Prompt:
+    """One fresh :class:`Prompt` (a new group id each time); over-long prompts keep their last tokens."""
+    from ..data import row_to_prompt
+
+    if not has_prompt:
+        return Prompt(messages=[], prompt_ids=[], data=dict(row))
+    p = row_to_prompt(row, tokenizer, prompt_column=prompt_column, system_prompt=system_prompt)
+    if max_prompt_length and len(p.prompt_ids) > max_prompt_length:
+        p.prompt_ids = p.prompt_ids[-max_prompt_length:]
+    return p
+
+
+class PromptCursor:
+    """Walks the rows in a seeded random order, epoch after epoch; its position is saved in
+    checkpoints so a resumed run sees exactly the prompts it would have seen."""
+
+    def __init__(self, n_rows: int, seed: int = 0, shuffle: bool = True) -> None:
+        if n_rows < 1:
+            raise DatasetError("dataset has no rows")
+        self.n, self.seed, self.shuffle = n_rows, seed, shuffle
+        self.epoch, self.pos = 0, 0
+        self._order = self._make_order()
+
+    def _make_order(self) -> list[int]:
+        order = list(range(self.n))
+        if self.shuffle:
+            random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
+        return order
+
+    def take(self, k: int) -> list[int]:
+        out: list[int] = []
+        while len(out) < k:
+            if self.pos >= self.n:
+                self.epoch, self.pos = self.epoch + 1, 0
+                self._order = self._make_order()
+            out.append(self._order[self.pos])
+            self.pos += 1
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "pos": self.pos, "n": self.n, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
+        self._order = self._make_order()
+
+
+def as_rows(dataset: Any) -> list[dict[str, Any]]:
+    """A list of dicts from a list, a ``datasets.Dataset`` or any iterable of mappings."""
+    if dataset is None:
+        return []
+    if isinstance(dataset, list):
+        return [dict(r) for r in dataset]
+    return [dict(r) for r in _iter(dataset)]
+
+
+def _iter(ds: Iterable[Any]) -> Iterable[Any]:
+    return iter(ds)

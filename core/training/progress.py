@@ -1,0 +1,54 @@
+"""A Rich progress bar over optimizer steps that shows the latest reward (replaces tqdm's)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import TrainerCallback
+
+
+class RichProgressCallback(TrainerCallback):
+    def __init__(self) -> None:
+        self.progress: Any = None
+        self.task: Any = None
+        self.last: dict[str, float] = {}
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not state.is_world_process_zero or self.progress is not None:
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self.progress = Progress(
+            TextColumn("[bold]GRPO"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            transient=False,
+        )
+        self.task = self.progress.add_task("train", total=state.max_steps, completed=state.global_step, info="")
+        self.progress.start()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, completed=state.global_step)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        if self.progress is None or not logs or "reward" not in logs:
+            return
+        self.last = dict(logs)
+        r = logs.get("reward")
+        info = f"reward {r:.3f}" if isinstance(r, (int, float)) else ""
+        if "completion_length" in logs:
+            info += f" · len {logs['completion_length']:.1f}"
+        self.progress.update(self.task, info=info)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None

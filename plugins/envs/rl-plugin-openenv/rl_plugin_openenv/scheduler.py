@@ -1,0 +1,218 @@
+"""``openenv_scheduler``: multi-turn rollouts against OpenEnv servers, one session per trajectory.
+
+Built on :class:`rlcore.rollout.EnvScheduler` (reset seeds the conversation, each assistant turn is
+parsed into an action and stepped, rewards per step are recorded, the env is closed on every path).
+What this subclass adds:
+
+* per-row ``env_config`` merged over the scheduler's defaults (``env_url`` / ``--env-url``,
+  ``system_message``, ``reset_kwargs``, client timeouts) — see :mod:`rl_plugin_openenv.env`;
+* a session cap per server with queueing (``max_concurrent_envs``; default: what the server's
+  ``/capacity`` says, else 8, lowered to the ``max_sessions`` a ``CAPACITY_REACHED`` reports).
+  Sessions open in ``run`` (not in the batch-wide ``on_trajectory_start``) so a trajectory waits
+  for a slot, then holds it until it ends: never a burst beyond the cap, never a deadlock;
+* an action the server rejects (validation error) goes back to the model as an observation
+  (``invalid_action="observe"``, default; reward 0, the episode goes on) or fails the trajectory
+  (``invalid_action="fail"``);
+* client counters (sessions, retries, timeouts, dropped sockets) in :meth:`metrics`.
+
+Subclass and override :meth:`parse_action` / :meth:`format_observation` for another environment's
+action and observation format (docs/plugins/openenv.md shows how).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from rlcore.errors import ConfigError, EnvError
+from rlcore.rollout import EnvScheduler, encode_prompt
+from rlcore.types import Completion, Trajectory
+
+from . import actions
+from .client import ActionRejected, ClientStats
+from .env import OpenEnvEnv, merge_env_config
+from .limiter import DEFAULT_SESSIONS, SessionLimiter, http_url, server_capacity
+
+INVALID_ACTION_MODES = ("observe", "fail")
+
+
+class OpenEnvScheduler(EnvScheduler):
+    """Rollouts against OpenEnv servers over the WebSocket session endpoint.
+
+    Options (also command-line flags, e.g. ``--env-url``): ``env_url``, ``system_message``,
+    ``reset_kwargs`` (dict), ``max_concurrent_envs`` (sessions per server; None = ask the server),
+    ``call_timeout`` / ``connect_timeout`` (seconds per call / per connect), ``max_retries``
+    (extra attempts to open a session), ``invalid_action`` ("observe" or "fail"),
+    ``stop_on_truncation`` (end the episode when a reply hits ``max_tokens``; default True), and the
+    :class:`~rlcore.rollout.EnvScheduler` ones (``max_turns``, ``env_timeout``).
+    """
+
+    name = "openenv_scheduler"
+
+    def __init__(
+        self,
+        sampler: Any = None,
+        *,
+        env_url: str | None = None,
+        system_message: str | None = None,
+        reset_kwargs: dict[str, Any] | None = None,
+        max_concurrent_envs: int | None = None,
+        call_timeout: float = 30.0,
+        connect_timeout: float = 10.0,
+        max_retries: int = 5,
+        invalid_action: str = "observe",
+        env_timeout: float | None = 300.0,
+        stop_on_truncation: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(sampler, max_concurrent_envs=max_concurrent_envs or 1024, env_timeout=env_timeout, **kwargs)
+        if invalid_action not in INVALID_ACTION_MODES:
+            raise ConfigError(f"invalid_action must be one of {INVALID_ACTION_MODES}, got {invalid_action!r}")
+        if max_concurrent_envs is not None and int(max_concurrent_envs) < 1:
+            raise ConfigError(f"max_concurrent_envs must be >= 1, got {max_concurrent_envs}")
+        self.max_sessions = int(max_concurrent_envs) if max_concurrent_envs else None
+        self.invalid_action = invalid_action
+        self.stop_on_truncation = bool(stop_on_truncation)
+        self.defaults: dict[str, Any] = {
+            "base_url": env_url,
+            "system_message": system_message,
+            "reset_kwargs": dict(reset_kwargs or {}),
+            "call_timeout": call_timeout,
+            "connect_timeout": connect_timeout,
+            "max_retries": max_retries,
+        }
+        self.stats = ClientStats()
+        self._limiters: dict[str, SessionLimiter] = {}
+        self._sizing: dict[str, asyncio.Future[SessionLimiter]] = {}
+
+    # --- formats (override for another environment) ---------------------------------------------
+    def parse_action(self, text: str) -> Any:
+        """Reply text → action dict: JSON object (code fences stripped) or ``{"message": text}``."""
+        return actions.parse_action(text)
+
+    def format_observation(self, observation: Any) -> str:
+        """Observation dict → the next user message."""
+        return actions.format_observation(observation)
+
+    def format_rejection(self, error: ActionRejected) -> str:
+        """The user message shown when the server rejects an action (``invalid_action="observe"``)."""
+        return f"Invalid action: {error.server_message}{_details(error)}. Reply with a valid action."
+
+    # --- environments ----------------------------------------------------------------------------
+    def env_config(self, trajectory: Trajectory) -> dict[str, Any]:
+        """This trajectory's config: the row's ``env_config`` over the scheduler defaults."""
+        return merge_env_config(self.defaults, trajectory.data_dict.get("env_config"))
+
+    async def make_env(self, trajectory: Trajectory) -> OpenEnvEnv:
+        config = self.env_config(trajectory)
+        return OpenEnvEnv(config, limiter=await self.limiter_for(config["base_url"]), stats=self.stats)
+
+    async def limiter_for(self, base_url: str) -> SessionLimiter:
+        """The session cap of one server, sized on first use (option, else ``/capacity``, else 8)."""
+        key = http_url(base_url)
+        limiter = self._limiters.get(key)
+        if limiter is not None:
+            return limiter
+        pending = self._sizing.get(key)
+        if pending is None or pending.get_loop() is not asyncio.get_running_loop():
+            # one /capacity query per server, however many trajectories arrive at once
+            pending = self._sizing[key] = asyncio.ensure_future(self._size_limiter(key))
+        return await asyncio.shield(pending)
+
+    async def _size_limiter(self, key: str) -> SessionLimiter:
+        try:
+            size = self.max_sessions or await server_capacity(key) or DEFAULT_SESSIONS
+            return self._limiters.setdefault(key, SessionLimiter(size))
+        finally:
+            self._sizing.pop(key, None)
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    async def on_trajectory_start(self, trajectories: list[Trajectory]) -> None:
+        """Nothing batch-wide: each trajectory opens its session in :meth:`run`, under the session cap."""
+        for t in trajectories:
+            try:
+                self.env_config(t)  # a missing URL fails fast with one line, before any session opens
+            except ConfigError as exc:
+                t.fail(str(exc))
+
+    async def run(self, infer_request: Trajectory) -> Trajectory | list[Trajectory]:
+        traj = infer_request
+        try:
+            env = await self.make_env(traj)
+            self._envs[traj.uuid] = env
+            await env.session.acquire_slot()  # queueing for a slot is not the env's time
+        except Exception as exc:  # noqa: BLE001 - fails this trajectory only
+            traj.fail(f"env setup failed: {type(exc).__name__}: {exc}".splitlines()[0])
+            return traj
+        try:
+            observation, info, system = await self._env_call("reset", env.reset, traj)
+        except Exception as exc:  # noqa: BLE001
+            traj.fail(_reason("reset", exc, self.env_timeout))
+            return traj
+        self.seed_conversation(traj, observation, system)
+        if info:
+            traj.infos["reset_info"] = info
+        return await super().run(traj)
+
+    def seed_conversation(self, trajectory: Trajectory, observation: Any, system_message: str | None) -> None:
+        """Messages = [system] + user(first observation); prompt ids re-encoded from them.
+
+        The row's own system message is kept when the env_config gives none.
+        """
+        messages: list[dict[str, Any]] = []
+        if system_message:
+            messages.append({"role": "system", "content": str(system_message)})
+        elif trajectory.messages and trajectory.messages[0].get("role") == "system":
+            messages.append(dict(trajectory.messages[0]))
+        messages.append({"role": "user", "content": self.format_observation(observation)})
+        trajectory.messages[:] = messages
+        trajectory.prompt_ids = encode_prompt(self._require_tokenizer(), messages, tools=self.tools)
+
+    async def on_turn_end(self, infer_request: Trajectory, response_choice: Completion, current_turn: int) -> dict[str, Any] | None:
+        env = self._envs.get(infer_request.uuid)
+        if env is None:
+            return await super().on_turn_end(infer_request, response_choice, current_turn)
+        try:
+            action = self.parse_action(response_choice.message.content)
+            observation, reward, done, info = await self._env_call("step", env.step, action)
+        except ActionRejected as exc:
+            if self.invalid_action == "fail":
+                infer_request.fail(f"env step failed: {exc}")
+                return {"done": True}
+            infer_request.infos["invalid_actions"] = infer_request.infos.get("invalid_actions", 0) + 1
+            self._pending[infer_request.uuid] = self.format_rejection(exc)
+            return {"done": False, "reward": 0.0, "infos": {"env_steps": current_turn}}
+        except Exception as exc:  # noqa: BLE001 - fails this trajectory only
+            infer_request.fail(_reason("step", exc, self.env_timeout))
+            return {"done": True}
+        self._pending[infer_request.uuid] = self.format_observation(observation)
+        infos: dict[str, Any] = {"env_steps": current_turn}
+        if info:
+            infos["env_info"] = info
+        return {"done": bool(done), "reward": float(reward), "infos": infos}
+
+    def check_finished(self, infer_request: Trajectory, response_choice: Completion, current_turn: int) -> bool:
+        """Default rules; with ``stop_on_truncation=False`` a reply cut by ``max_tokens`` is still sent
+        to the environment and the episode goes on (the env judges the partial action)."""
+        if response_choice.finish_reason == "length" and not self.stop_on_truncation:
+            return current_turn >= self.max_turns
+        return super().check_finished(infer_request, response_choice, current_turn)
+
+    def metrics(self) -> dict[str, float]:
+        """Client counters since this scheduler was made (``openenv/sessions_opened`` …)."""
+        return self.stats.as_metrics()
+
+
+def _reason(what: str, exc: BaseException, timeout: float | None) -> str:
+    """One line for ``trajectory.reason``: EnvErrors carry their own message, others get their type."""
+    if isinstance(exc, asyncio.TimeoutError):
+        return f"env {what} timed out after {timeout:g}s"
+    text = str(exc) if isinstance(exc, EnvError) else f"{type(exc).__name__}: {exc}"
+    lines = text.strip().splitlines()
+    return f"env {what} failed: {lines[0] if lines else type(exc).__name__}"
+
+
+def _details(error: ActionRejected) -> str:
+    text = str(error)
+    cut = text.find("; ")
+    return text[cut:] if cut >= 0 else ""

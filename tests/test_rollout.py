@@ -1,0 +1,298 @@
+"""Schedulers and the driver with scripted completions and the real tiny tokenizer/template."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import rlcore
+from rlcore.rollout import (
+    MultiTurnScheduler,
+    RolloutOutput,
+    RolloutScheduler,
+    encode_prompt,
+    render,
+    run_rollouts,
+)
+from rlcore.testing import ScriptedSampler
+from rlcore.types import Completion, Prompt, SamplingParams, Trajectory
+
+PARAMS = SamplingParams(max_tokens=24)
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def prompts(tok: Any, n: int = 1) -> list[Prompt]:
+    out = []
+    for i in range(n):
+        msgs = [{"role": "user", "content": f"what is {i} + 3?"}]
+        out.append(Prompt(msgs, encode_prompt(tok, msgs), data={"answer": str(i + 3)}))
+    return out
+
+
+def stream_text(tok: Any, t: Trajectory) -> str:
+    return tok.decode(t.input_ids, skip_special_tokens=False)
+
+
+class AskAgain(MultiTurnScheduler):
+    """ms-swift style: only appends a user message in step."""
+
+    def step(self, infer_request, response_choice, current_turn):
+        infer_request.messages.append({"role": "user", "content": f"are you sure? ({current_turn})"})
+        return {"infer_request": infer_request}
+
+
+async def test_single_turn_layout(tok: Any) -> None:
+    sampler = ScriptedSampler(["the answer is 3"], tok)
+    res = await run_rollouts(RolloutScheduler(sampler), prompts(tok, 2), num_generations=2, sampling_params=PARAMS, progress=False)
+    assert len(res.trajectories) == 4 and res.stats["ok"] == 4 and res.stats["turns"] == 4
+    t = res.trajectories[0]
+    assert t.prompt_ids == prompts(tok, 1)[0].prompt_ids
+    assert t.completion_ids == tok.encode("the answer is 3", add_special_tokens=False) + [tok.eos_token_id]
+    assert t.loss_mask == [1] * len(t.completion_ids)
+    assert all(lp is not None and lp < 0 for lp in t.logprobs)
+    assert t.messages[-1] == {"role": "assistant", "content": "the answer is 3"}
+    assert t.infos["logprobs_complete"] is True and t.num_turns == 1 and t.data["answer"] == "3"
+    # a group shares one group_id, different prompts do not
+    groups = [x.group_id for x in res.trajectories]
+    assert groups[0] == groups[1] != groups[2] == groups[3]
+
+
+async def test_multi_turn_observation_tokens_are_the_template_delta(tok: Any) -> None:
+    sampler = ScriptedSampler(["first try", "second try", "third try"], tok)
+    res = await run_rollouts(AskAgain(sampler, max_turns=3), prompts(tok), sampling_params=PARAMS, progress=False)
+    t = res.trajectories[0]
+    assert t.status == "ok" and t.num_turns == 3
+    assert [turn.role for turn in t.turns] == ["assistant", "user", "assistant", "user", "assistant"]
+    # the stream is exactly the rendered conversation (minus the template's trailing newline)
+    assert stream_text(tok, t) + "\n" == render(tok, t.messages)
+    obs = t.turns[1]
+    assert obs.loss_mask == [0] * len(obs.token_ids) and obs.logprobs == [None] * len(obs.token_ids)
+    # the missing "\n" after the sampled <|im_end|> comes first, then the user turn and the assistant header
+    assert obs.text == "\n<|im_start|>user\nare you sure? (1)<|im_end|>\n<|im_start|>assistant\n"
+    # sampled tokens are untouched: the sampler saw, at turn 2, exactly the stream up to there
+    second_prompt = sampler.calls[1][0]
+    assert second_prompt == t.prompt_ids + t.turns[0].token_ids + t.turns[1].token_ids
+
+
+async def test_continuation_extends_the_assistant_message(tok: Any) -> None:
+    class Tip(MultiTurnScheduler):
+        def step(self, infer_request, response_choice, current_turn):
+            infer_request.messages[-1]["content"] += " But wait, let me check"
+            return {"infer_request": infer_request}
+
+    sampler = ScriptedSampler(["it is 4.", " no, it is 3"], tok)
+    res = await run_rollouts(Tip(sampler, max_turns=2), prompts(tok), sampling_params=PARAMS, progress=False)
+    t = res.trajectories[0]
+    first = t.turns[0]
+    assert first.token_ids == tok.encode("it is 4.", add_special_tokens=False)  # eos trimmed, no new header
+    assert first.loss_mask == [1] * len(first.token_ids) and None not in first.logprobs
+    assert t.turns[1].role == "continuation" and set(t.turns[1].loss_mask) == {0}
+    assert t.messages[-1]["content"] == "it is 4. But wait, let me check no, it is 3"
+    assert len([m for m in t.messages if m["role"] == "assistant"]) == 1
+    assert stream_text(tok, t) == render(tok, t.messages[:1], add_generation_prompt=True) + t.messages[-1]["content"] + "<|im_end|>"
+    assert t.infos["trimmed_tokens"] == 1
+
+
+async def test_step_response_token_ids_and_infos(tok: Any) -> None:
+    extra = tok.encode(" [tool says 7]", add_special_tokens=False)
+
+    class ExplicitTokens(MultiTurnScheduler):
+        def step(self, infer_request, response_choice, current_turn):
+            ids = list(response_choice.token_ids[:-1]) + extra
+            infer_request.messages[-1]["content"] = response_choice.message.content + " [tool says 7]"
+            return {
+                "infer_request": infer_request,
+                "response_token_ids": ids,
+                "response_loss_mask": [1] * (len(ids) - len(extra)) + [0] * len(extra),
+                "rollout_infos": {"tool_results": "7", "num_turns": current_turn},
+            }
+
+    sampler = ScriptedSampler(["call", " done"], tok)
+    res = await run_rollouts(ExplicitTokens(sampler, max_turns=2), prompts(tok), sampling_params=PARAMS, progress=False)
+    t = res.trajectories[0]
+    call_ids = tok.encode("call", add_special_tokens=False)
+    n = len(call_ids)
+    assert t.completion_ids[: n + len(extra)] == call_ids + extra
+    assert t.loss_mask[: n + len(extra)] == [1] * n + [0] * len(extra)
+    assert all(lp is not None for lp in t.logprobs[:n])  # kept from the sampler where ids match
+    assert t.infos["tool_results"] == "7" and t.logprobs_complete
+
+
+async def test_check_finished_override_and_observer_merge(tok: Any) -> None:
+    class StopOnYes(AskAgain):
+        def check_finished(self, infer_request, response_choice, current_turn):
+            return "yes" in response_choice.message.content or super().check_finished(infer_request, response_choice, current_turn)
+
+    class Observer:
+        @rlcore.hookimpl
+        def on_turn_end(self, trajectory, completion, turn):
+            return {"reward": 0.5, "infos": {f"seen_{turn}": True}}
+
+    class Stopper:
+        @rlcore.hookimpl
+        async def on_turn_end(self, trajectory, completion, turn):
+            return {"done": "stop" in completion.text}
+
+    sampler = ScriptedSampler(["no", "yes"], tok)
+    res = await run_rollouts(StopOnYes(sampler, max_turns=5), prompts(tok), sampling_params=PARAMS,
+                             components=[Observer(), Stopper()], progress=False)
+    t = res.trajectories[0]
+    assert t.num_turns == 2 and t.infos["seen_1"] and t.infos["seen_2"]
+    assert t.step_rewards == [0.5, 0.5] and t.total_reward == 1.0
+
+    sampler = ScriptedSampler(["please stop", "never"], tok)
+    res = await run_rollouts(StopOnYes(sampler, max_turns=5), prompts(tok), sampling_params=PARAMS,
+                             components=[Observer(), Stopper()], progress=False)
+    assert res.trajectories[0].num_turns == 1  # one observer's done ends it
+
+
+async def test_run_overridden_ms_swift_style(tok: Any) -> None:
+    class MyRun(MultiTurnScheduler):
+        async def run(self, infer_request):
+            rounds = []
+            for turn in range(1, 3):
+                response = await self.infer_engine.infer_async(infer_request, PARAMS)
+                choice = response.choices[0]
+                infer_request.messages.append({"role": "assistant", "content": choice.message.content})
+                if turn < 2:
+                    infer_request.messages.append({"role": "user", "content": "again"})
+                rounds.append(choice)
+            return infer_request
+
+    sampler = ScriptedSampler(["a1", "a2"], tok)
+    res = await run_rollouts(MyRun(sampler), prompts(tok), progress=False)
+    t = res.trajectories[0]
+    assert [turn.role for turn in t.turns] == ["assistant", "user", "assistant"]
+    assert stream_text(tok, t) + "\n" == render(tok, t.messages)
+    assert t.status == "ok" and t.num_turns == 2  # counted from sampled turns
+
+    class Split(MultiTurnScheduler):
+        async def run(self, infer_request):
+            out = RolloutOutput(messages=infer_request.messages + [{"role": "assistant", "content": "x"}],
+                                response_token_ids=[[5, 6], [7]], response_loss_mask=[[1, 1], [0]],
+                                rollout_infos={"k": 1})
+            other = Trajectory(prompt_ids=list(infer_request.prompt_ids), messages=list(infer_request.messages))
+            return [out, other]
+
+    res = await run_rollouts(Split(ScriptedSampler(["-"], tok)), prompts(tok), progress=False)
+    a, b = res.trajectories
+    assert a.completion_ids == [5, 6, 7] and a.loss_mask == [1, 1, 0] and a.infos["k"] == 1
+    assert a.group_id == b.group_id != ""
+
+
+async def test_failures_timeouts_and_cleanup(tok: Any) -> None:
+    ended: list[str] = []
+
+    class Flaky(AskAgain):
+        def on_turn_end(self, infer_request, response_choice, current_turn):
+            if infer_request.data["answer"] == "4":
+                raise RuntimeError("env exploded")
+            return None
+
+        def on_trajectory_end(self, trajectory):
+            ended.append(trajectory.status)
+
+    sampler = ScriptedSampler(["x"], tok)
+    res = await run_rollouts(Flaky(sampler, max_turns=2), prompts(tok, 3), sampling_params=PARAMS, progress=False)
+    assert res.stats["failed"] == 1 and res.stats["ok"] == 2
+    bad = [t for t in res.trajectories if t.status == "failed"][0]
+    assert bad.reason == "RuntimeError: env exploded"
+    assert sorted(ended) == ["failed", "ok", "ok"]  # called on every path
+    assert res.stats["failure_reasons"] == {"RuntimeError: env exploded": 1}
+
+    slow = ScriptedSampler(["slow"], tok, delay=2.0)
+    res = await run_rollouts(RolloutScheduler(slow), prompts(tok), progress=False, timeout=0.2)
+    assert res.trajectories[0].status == "failed" and res.trajectories[0].reason == "timed out after 0.2s"
+
+
+async def test_truncation_and_incomplete_logprobs(tok: Any) -> None:
+    sampler = ScriptedSampler(["one two three four five six seven eight nine ten"], tok, logprobs=False)
+    res = await run_rollouts(AskAgain(sampler, max_turns=3), prompts(tok), sampling_params=SamplingParams(max_tokens=3), progress=False)
+    t = res.trajectories[0]
+    assert t.status == "truncated" and t.reason == "max_tokens reached" and t.num_turns == 1
+    assert len(t.completion_ids) == 3
+    assert t.logprobs_complete is False and t.infos["logprobs_complete"] is False
+    assert res.stats["truncated"] == 1 and res.stats["logprobs_incomplete"] == 1
+
+
+async def test_concurrency_is_bounded_and_overlaps(tok: Any) -> None:
+    in_flight = 0
+    peak = 0
+
+    async def respond_slowly(prompt_ids, params, i):
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0.05)
+        in_flight -= 1
+        return "ok"
+
+    class Respond(ScriptedSampler):
+        async def generate(self, prompt_ids, params):
+            await respond_slowly(prompt_ids, params, 0)
+            return await super().generate(prompt_ids, params)
+
+    sampler = Respond(["ok"], tok)
+    res = await run_rollouts(RolloutScheduler(sampler), prompts(tok, 12), concurrency=4, progress=False)
+    assert res.stats["ok"] == 12 and peak == 4
+
+
+async def test_registered_schedulers() -> None:
+    assert rlcore.get("scheduler", "default") is RolloutScheduler
+    assert rlcore.get("scheduler", "single_turn") is RolloutScheduler
+    assert rlcore.get("scheduler", "multi_turn") is MultiTurnScheduler
+    from rlcore.rollout import ToolScheduler
+
+    assert rlcore.get("scheduler", "tool_scheduler") is ToolScheduler
+    assert MultiTurnScheduler().max_turns == 4 and RolloutScheduler().max_turns == 1
+
+
+async def test_default_check_finished_is_trylast(tok: Any) -> None:
+    class NoOpinion(MultiTurnScheduler):
+        def check_finished(self, infer_request, response_choice, current_turn):
+            return None  # defer to the built-in default
+
+    hooks = rlcore.RunHooks(__import__("rlcore.rollout", fromlist=["SchedulerHooks"]).SchedulerHooks(NoOpinion()))
+    t = Trajectory(prompt_ids=[1])
+    assert await hooks.call_first("check_finished", trajectory=t, completion=Completion([1], [0.0], "length"), turn=1) is True
+    assert await hooks.call_first("check_finished", trajectory=t, completion=Completion([1], [0.0], "stop"), turn=1) is None
+
+
+async def test_non_prefix_preserving_template_is_a_clear_error(tok: Any) -> None:
+    import copy
+
+    from rlcore.rollout import ChatTemplateError, encode_observation
+
+    bad = copy.deepcopy(tok)
+    bad.chat_template = "{{ messages | length }} messages\n" + tok.chat_template  # changes the head every turn
+    before = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    with pytest.raises(ChatTemplateError, match="not prefix-preserving"):
+        encode_observation(bad, before, [{"role": "user", "content": "again"}])
+    good = encode_observation(tok, before, [{"role": "user", "content": "again"}])
+    assert tok.decode(good) == "<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n"
+
+    msgs = [{"role": "user", "content": "hi"}]
+    res = await run_rollouts(AskAgain(ScriptedSampler(["yo", "ok"], bad), tokenizer=bad, max_turns=2),
+                             [Prompt(msgs, encode_prompt(bad, msgs))], progress=False)
+    t = res.trajectories[0]
+    assert t.status == "failed" and t.reason.startswith("ChatTemplateError: the chat template is not prefix-preserving")
+
+
+async def test_rewriting_history_fails_the_trajectory(tok: Any) -> None:
+    class Rewriter(MultiTurnScheduler):
+        def step(self, infer_request, response_choice, current_turn):
+            infer_request.messages[0]["content"] = "a different question"
+            infer_request.messages.append({"role": "user", "content": "go on"})
+            return {"infer_request": infer_request}
+
+    res = await run_rollouts(Rewriter(ScriptedSampler(["a"], tok), max_turns=2), prompts(tok), progress=False)
+    t = res.trajectories[0]
+    assert t.status == "failed" and "changed message 0 (user) which is already in the token stream" in t.reason

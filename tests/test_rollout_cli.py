@@ -1,0 +1,72 @@
+"""`rlcore rollout` end to end (real tiny model, hf sampler) and the plugin-option mapping."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import rlcore
+from rlcore.rollout import EnvScheduler
+from rlcore.rollout.options import convert, factory_parameters, parse_flags, plugin_options
+
+
+def run_cli(args: list[str]) -> Any:
+    from click.testing import CliRunner
+
+    from rlcore.cli import _load_commands, cli
+
+    _load_commands()
+    return CliRunner().invoke(cli, args)
+
+
+def test_rollout_command_writes_jsonl(tmp_path: Path) -> None:
+    out = tmp_path / "r.jsonl"
+    res = run_cli(["rollout", "--limit", "2", "--num-generations", "2", "--max-tokens", "6", "--no-progress",
+                   "--reward", "length_penalty", "--reward", "env_reward=0.5", "--output", str(out), "--seed", "1"])
+    assert res.exit_code == 0, res.output
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(lines) == 4
+    for d in lines:
+        n = len(d["completion_ids"])
+        assert n == len(d["loss_mask"]) == len(d["logprobs"]) and 0 < n <= 6
+        assert d["prompt_ids"] and d["num_turns"] == 1 and d["messages"][-1]["role"] == "assistant"
+        assert d["status"] in ("ok", "truncated") and (d["reason"] is None) == (d["status"] == "ok")
+        assert set(d["rewards"]) == {"length_penalty", "env_reward"}
+        assert d["reward"] == pytest.approx(d["rewards"]["length_penalty"] + 0.5 * d["rewards"]["env_reward"])
+        assert d["infos"]["logprobs_complete"] is True and d["data"]["answer"]
+    assert "wrote 4 trajectories" in res.output
+
+
+def test_unknown_option_is_one_line(tmp_path: Path) -> None:
+    res = run_cli(["rollout", "--env-url", "http://x", "--output", str(tmp_path / "r.jsonl")])
+    assert res.exit_code != 0
+    msg = str(res.exception)
+    assert msg.startswith("unknown option --env-url: scheduler 'default' accepts --max-total-tokens, --max-turns, --tools")
+    assert "\n" not in msg
+
+
+class UrlScheduler(EnvScheduler):
+    def __init__(self, sampler: Any = None, *, env: str = "guess", env_url: str | None = None, retries: int = 2,
+                 verbose: bool = False, **kw: Any) -> None:
+        super().__init__(sampler, **kw)
+        self.env, self.env_url, self.retries, self.verbose = env, env_url, retries, verbose
+
+
+def test_plugin_options_mapping() -> None:
+    flags = parse_flags(["--env-url", "http://127.0.0.1:8000", "--env", "wordle", "--retries=5", "--verbose",
+                         "--env-timeout", "2.5", "--max-concurrent-envs", "8", "--no-cache"])
+    assert flags == {"env_url": "http://127.0.0.1:8000", "env": "wordle", "retries": "5", "verbose": True,
+                     "env_timeout": "2.5", "max_concurrent_envs": "8", "cache": False}
+    params = factory_parameters(UrlScheduler)
+    assert {"env", "env_url", "retries", "verbose", "max_turns", "env_timeout", "max_concurrent_envs"} <= set(params)
+    routed = plugin_options(["--env-url", "u", "--env", "wordle", "--retries", "5", "--env-timeout", "2.5",
+                             "--max-concurrent-envs", "8", "--verbose", "false"], {"scheduler": UrlScheduler})["scheduler"]
+    assert routed == {"env_url": "u", "env": "wordle", "retries": 5, "env_timeout": 2.5, "max_concurrent_envs": 8, "verbose": False}
+    sched = UrlScheduler(**routed)
+    assert sched.env_timeout == 2.5 and sched.max_concurrent_envs == 8 and sched.retries == 5
+    assert convert("[1, 2]", params["env_url"]) == "[1, 2]"
+    with pytest.raises(rlcore.ConfigError, match=r"unknown option --cache: scheduler accepts .*--env-url"):
+        plugin_options(["--no-cache"], {"scheduler": UrlScheduler})

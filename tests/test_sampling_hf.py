@@ -1,0 +1,211 @@
+"""The ``hf`` sampler on the real tiny transformer: exact logprobs, batching, stops, seeds, weights."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+import rlcore
+from rlcore import SamplerError, SamplingParams
+from rlcore.sampling.hf import HFSampler
+
+
+@pytest.fixture(scope="module")
+def sampler(tiny_model_dir: str):
+    s = HFSampler(tiny_model_dir, batch_window_ms=20)
+    yield s
+    asyncio.run(s.close())
+
+
+@pytest.fixture(scope="module")
+def prompts(sampler: HFSampler) -> list[list[int]]:
+    tok = sampler.tokenizer
+    texts = ["how many apples", "the dealer has an ace and the player", "north", "12 + 7 = ", "pick a number"]
+    return [
+        tok.encode(tok.apply_chat_template([{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True),
+                   add_special_tokens=False)
+        for t in texts
+    ]
+
+
+def recompute_logprobs(model, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
+    """What a trainer does: one plain forward over prompt+completion, logits / temperature."""
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None]).squeeze(1)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+async def test_logprobs_match_trainer_forward(sampler: HFSampler, prompts, temperature: float) -> None:
+    # different prompt lengths in one batch: exercises left padding, the KV cache and row dropping
+    params = SamplingParams(max_tokens=12, temperature=temperature, seed=11, stop_token_ids=[-1])
+    # different max_tokens: rows finish at different steps and are dropped from the KV cache
+    comps = await asyncio.gather(*(
+        sampler.generate(p, params.replace(seed=i, max_tokens=4 + 3 * i)) for i, p in enumerate(prompts)
+    ))
+    assert max(sampler.batch_sizes) > 1
+    assert [len(c.token_ids) for c in comps] == [4 + 3 * i for i in range(len(prompts))]
+    for p, c in zip(prompts, comps):
+        assert len(c.logprobs) == len(c.token_ids) >= 1
+        ref = recompute_logprobs(sampler.model, p, c.token_ids, temperature)
+        assert torch.allclose(torch.tensor(c.logprobs), ref, atol=1e-4), (c.logprobs, ref.tolist())
+
+
+async def test_concurrent_requests_are_batched(sampler: HFSampler, prompts) -> None:
+    before = len(sampler.batch_sizes)
+    await asyncio.gather(*(sampler.generate(prompts[0], SamplingParams(max_tokens=3)) for _ in range(8)))
+    assert sum(sampler.batch_sizes[before:]) == 8
+    assert len(sampler.batch_sizes[before:]) < 8  # gathered, not one forward loop per request
+
+
+async def test_seed_reproducible_whatever_the_batch(sampler: HFSampler, prompts) -> None:
+    params = SamplingParams(max_tokens=10, temperature=1.0, seed=1234)
+    alone = await sampler.generate(prompts[1], params)
+    together = await asyncio.gather(
+        sampler.generate(prompts[1], params), sampler.generate(prompts[0], params.replace(seed=5)),
+        sampler.generate(prompts[2], params.replace(seed=None)),
+    )
+    assert together[0].token_ids == alone.token_ids
+    other = await sampler.generate(prompts[1], params.replace(seed=99))
+    assert other.token_ids != alone.token_ids
+
+
+async def test_length_and_stop_token(sampler: HFSampler, prompts) -> None:
+    greedy = SamplingParams(max_tokens=10, temperature=1.0, seed=21, stop_token_ids=[-1])  # seeded: replayable
+    base = await sampler.generate(prompts[0], greedy)
+    assert base.finish_reason == "length" and len(base.token_ids) == 10
+    stop_tok = base.token_ids[4]
+    first = base.token_ids.index(stop_tok)
+    cut = await sampler.generate(prompts[0], greedy.replace(stop_token_ids=[stop_tok]))
+    assert cut.finish_reason == "stop"
+    assert cut.token_ids == base.token_ids[: first + 1]  # the stop token is kept (it is trained on)
+    assert cut.text == sampler.decode(base.token_ids[:first])  # …but not in the text
+    assert cut.meta["stop"] == stop_tok
+
+
+async def test_stop_string_cuts_text_not_tokens(sampler: HFSampler, prompts) -> None:
+    greedy = SamplingParams(max_tokens=16, temperature=1.0, seed=8, stop_token_ids=[-1])  # seeded: replayable
+    base = await sampler.generate(prompts[3], greedy)
+    start = len(base.text) // 3
+    while not base.text[start : start + 2].strip():
+        start += 1
+    needle = base.text[start : start + 2]
+    cut = await sampler.generate(prompts[3], greedy.replace(stop=[needle]))
+    assert cut.finish_reason == "stop" and cut.meta["stop"] == needle
+    assert needle not in cut.text and base.text.startswith(cut.text)
+    assert cut.token_ids == base.token_ids[: len(cut.token_ids)]
+    assert needle in sampler.decode(cut.token_ids)
+
+
+async def test_top_k_one_is_greedy(sampler: HFSampler, prompts) -> None:
+    greedy = await sampler.generate(prompts[2], SamplingParams(max_tokens=8, temperature=0.0, stop_token_ids=[-1]))
+    k1 = await sampler.generate(prompts[2], SamplingParams(max_tokens=8, temperature=1.3, top_k=1, seed=3, stop_token_ids=[-1]))
+    p0 = await sampler.generate(prompts[2], SamplingParams(max_tokens=8, temperature=1.3, top_p=1e-6, seed=4, stop_token_ids=[-1]))
+    assert k1.token_ids == greedy.token_ids == p0.token_ids
+    # logprobs stay the model's (temperature-scaled), not the truncated distribution's 0.0
+    assert all(lp < 0 for lp in k1.logprobs)
+
+
+async def test_n_samples_and_batch_form(sampler: HFSampler, prompts) -> None:
+    params = SamplingParams(max_tokens=4, n=3, seed=7)
+    many = await sampler.generate_n(prompts[0], params)
+    assert len(many) == 3 and len({tuple(c.token_ids) for c in many}) > 1
+    grid = await sampler.generate_batch(prompts[:2], params)
+    assert [len(row) for row in grid] == [3, 3]
+    assert [c.token_ids for c in grid[0]] == [c.token_ids for c in many]  # seeds seed+i, per prompt
+
+
+async def test_errors_are_one_line_sampler_errors(sampler: HFSampler) -> None:
+    with pytest.raises(SamplerError, match="empty prompt"):
+        await sampler.generate([], SamplingParams())
+    with pytest.raises(SamplerError, match="outside the model's vocabulary"):
+        await sampler.generate([10**7], SamplingParams())
+    with pytest.raises(SamplerError, match="max_model_len"):
+        await sampler.generate([1] * 5000, SamplingParams())
+
+
+def test_registered_and_listed() -> None:
+    assert {"hf", "vllm", "openai"} <= set(rlcore.available("sampler"))
+    assert rlcore.get("sampler", "hf") is HFSampler
+    assert rlcore.get("sampler", "transformers") is HFSampler
+
+
+async def test_shared_module_needs_no_copy_and_update_weights_loads(tiny_model_dir: str, prompts) -> None:
+    from transformers import AutoModelForCausalLM
+
+    trainer_model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).train()
+    s = HFSampler(trainer_model, batch_window_ms=1)
+    try:
+        params = SamplingParams(max_tokens=6, temperature=1.0, seed=3, stop_token_ids=[-1])
+        before = await s.generate(prompts[0], params)
+        assert trainer_model.training  # sampled in eval mode, the trainer's mode given back
+        # the trainer changes its own module: the sampler sees it with no sync at all
+        torch.manual_seed(0)
+        with torch.no_grad():
+            w = trainer_model.model.layers[-1].mlp.down_proj.weight
+            w.add_(torch.randn_like(w))
+        changed = await s.generate(prompts[0], params)
+        assert not torch.allclose(torch.tensor(changed.logprobs[:1]), torch.tensor(before.logprobs[:1]), atol=1e-3)
+        # syncing the shared module's own tensors copies nothing and still bumps the version
+        s.update_weights(trainer_model.state_dict())
+        assert s.policy_version == 1
+        # loading another model's weights in place restores the original behaviour exactly
+        fresh = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+        s.update_weights(fresh.named_parameters())
+        restored = await s.generate(prompts[0], params)
+        assert restored.token_ids == before.token_ids and restored.logprobs == pytest.approx(before.logprobs, abs=1e-6)
+        assert s.policy_version == 2 and restored.meta["policy_version"] == 2
+        with pytest.raises(SamplerError, match="no parameter named"):
+            s.update_weights({"not.a.weight": torch.zeros(1)})
+        s.sleep()  # CPU: a no-op, generation still works
+        s.wake_up()
+        assert (await s.generate(prompts[0], params)).token_ids == before.token_ids
+    finally:
+        await s.close()
+    with pytest.raises(SamplerError, match="closed"):
+        await s.generate(prompts[0], SamplingParams(max_tokens=2))
+
+
+async def test_min_tokens_bans_stop_tokens_until_reached(sampler: HFSampler, prompts) -> None:
+    params = SamplingParams(max_tokens=6, temperature=1.0, seed=4, stop_token_ids=[-1])
+    base = await sampler.generate(prompts[4], params)
+    stop_tok = base.token_ids[0]
+    early = await sampler.generate(prompts[4], params.replace(stop_token_ids=[stop_tok]))
+    assert early.token_ids == [stop_tok] and early.finish_reason == "stop"
+    held = await sampler.generate(prompts[4], params.replace(stop_token_ids=[stop_tok], min_tokens=3))
+    assert len(held.token_ids) >= 4 or held.finish_reason == "length"
+    assert stop_tok not in held.token_ids[:3]
+
+
+async def test_lora_update_loads_only_adapters(tiny_model_dir: str, prompts) -> None:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from rlcore.sampling.weights import load_weights_into
+
+    def peft_model():
+        cfg = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+        return get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), cfg)
+
+    trainer, served = peft_model(), peft_model()
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, p in trainer.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    s = HFSampler(served, tokenizer=tiny_model_dir, batch_window_ms=1)
+    try:
+        params = SamplingParams(max_tokens=4, temperature=1.0, seed=6, stop_token_ids=[-1])
+        stale = await s.generate(prompts[1], params)
+        s.update_weights(trainer.state_dict(), lora=True)
+        fresh = await s.generate(prompts[1], params)
+        ref = recompute_logprobs(trainer, prompts[1], fresh.token_ids, 1.0)
+        assert torch.allclose(torch.tensor(fresh.logprobs), ref, atol=1e-4)
+        assert fresh.logprobs[0] != pytest.approx(stale.logprobs[0], abs=1e-4)
+        n_lora = sum("lora_" in k for k in trainer.state_dict())
+        assert load_weights_into(served, trainer.state_dict(), lora=True) == n_lora
+    finally:
+        await s.close()

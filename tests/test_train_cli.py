@@ -1,0 +1,119 @@
+"""`rlcore train`: the embedded default learns; flags, config files and plugin options parse; every
+user mistake is one line before any model loads."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+
+from rlcore.cli import main
+from rlcore.train_cli import build_plan
+
+
+def _first_last(rows: list[float]) -> tuple[float, float]:
+    k = max(1, len(rows) // 10)
+    return sum(rows[:k]) / k, sum(rows[-k:]) / k
+
+
+def test_default_run_learns_the_builtin_task(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    """`rlcore train` with no arguments: tiny model, digits task, CPU; reward at least doubles."""
+    monkeypatch.chdir(tmp_path)
+    main(["train"])
+    out = capsys.readouterr().out
+    assert "rlcore train" in out and "reward (first 10% → last 10%)" in out
+    path = tmp_path / "rlcore-output" / "digits"
+    rows = [json.loads(line) for line in open(path / "metrics.jsonl")]
+    assert len(rows) == 60
+    first, last = _first_last([r["reward"] for r in rows])
+    assert first > 0.02  # a random tiny policy already earns something
+    assert last >= 2 * first, (first, last)
+    assert (path / "plots" / "reward.png").stat().st_size > 1000
+    assert (path / "plots" / "completion_length.png").exists()
+
+
+def _fails_before_model_load(argv: list[str], capsys: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+    import transformers
+
+    def no_load(*a: Any, **k: Any) -> Any:  # fault injection: loading a model here is the bug
+        raise AssertionError("a model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_load)
+    with pytest.raises(SystemExit) as exc:
+        main(["train", *argv])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("Error: ") and "\n" not in err, err
+    return err
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--loss-type", "nope"], "no loss named 'nope'"),
+        (["--reward", "missing_reward"], "missing_reward"),
+        (["--scheduler", "no_such_scheduler"], "no_such_scheduler"),
+        (["--advantage", "nah"], "nah"),
+        (["--scale-rewards", "sometimes"], "scale_rewards"),
+        (["--is-correction", "token_trunc"], "is_correction"),
+        (["--num-generations", "5"], "num_generations=5"),
+        (["--temperature", "0"], "temperature"),
+        (["--no-such-flag", "1"], "--no-such-flag"),
+        (["--num-generations", "abc"], "num_generations"),
+        (["--model", "./no/such/model"], "./no/such/model"),
+        (["--dataset", "missing.jsonl", "--reward", "digits"], "missing.jsonl"),
+        (["--dataset", "__BAD__", "--reward", "digits"], "prompt-column"),
+        (["--config", "__CFG__"], "config file"),
+    ],
+)
+def test_mistakes_are_one_line(argv: list[str], needle: str, tmp_path: Any, capsys: Any,
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"text": "hi", "answer": 1}) + "\n")
+    cfg = tmp_path / "broken.yaml"
+    cfg.write_text("num_generations: [1\n")
+    argv = [str(bad) if a == "__BAD__" else str(cfg) if a == "__CFG__" else a for a in argv]
+    monkeypatch.chdir(tmp_path)
+    err = _fails_before_model_load(argv, capsys, monkeypatch)
+    assert needle in err, err
+
+
+def test_config_file_flags_and_plugin_options(tmp_path: Any) -> None:
+    yaml_cfg = tmp_path / "run.yaml"
+    yaml_cfg.write_text("num_generations: 2\nloss_type: grpo\nbeta: 0.01\nreward: digits\nmax_total_tokens: 99\n")
+    plan = build_plan(["--config", str(yaml_cfg), "--beta", "0.02", "--max-turns", "1", "--output-dir", str(tmp_path)])
+    assert plan.args.num_generations == 2 and plan.args.loss_type == "grpo"
+    assert plan.args.beta == 0.02  # the flag beats the file
+    assert plan.args.reward_funcs == ["digits"]
+    assert plan.component_options["scheduler"] == {"max_total_tokens": 99}
+    toml_cfg = tmp_path / "run.toml"
+    toml_cfg.write_text('loss_type = "gspo"\nnum_iterations = 2\nenv_options = {"seed" = 3}\n')
+    plan = build_plan(["--config", str(toml_cfg), "--batch-window-ms", "2"])
+    assert plan.args.loss_type == "gspo" and plan.args.num_iterations == 2
+    assert plan.args.env_options == {"seed": 3}
+    assert plan.component_options["sampler"] == {"batch_window_ms": 2.0}
+
+
+def test_train_on_a_local_dataset_with_question_column(tmp_path: Any, capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = tmp_path / "qa.jsonl"
+    with open(data, "w") as f:
+        for i in range(8):
+            f.write(json.dumps({"question": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n")
+    monkeypatch.chdir(tmp_path)
+    main(["train", "--dataset", str(data), "--reward", "digits", "--reward", "length_penalty",
+          "--reward-weights", "1.0", "0.5", "--max-steps", "2", "--num-generations", "2",
+          "--per-device-train-batch-size", "4", "--max-completion-length", "3", "--output-dir", "out",
+          "--save-strategy", "no", "--learning-rate", "1e-3"])
+    rows = [json.loads(line) for line in open(tmp_path / "out" / "metrics.jsonl")]
+    assert len(rows) == 2
+    assert "rewards/digits" in rows[0] and "rewards/length_penalty" in rows[0]
+    assert rows[0]["completion_length/max"] <= 3
+
+
+def test_help_lists_grpo_flags(capsys: Any) -> None:
+    main(["train", "--help"])
+    out = capsys.readouterr().out
+    for flag in ("--num_generations", "--loss_type", "--scheduler", "--use_peft", "--reward"):
+        assert flag in out

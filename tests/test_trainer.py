@@ -1,0 +1,169 @@
+"""GRPOTrainer on the real tiny model: step bookkeeping, metrics, every loss, LoRA, weight sync,
+groups from multi-trajectory schedulers, and plots on Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+import torch
+
+from rlcore.rollout import RolloutScheduler
+from rlcore.tasks import digits_dataset
+from rlcore.trainer import GRPOConfig, GRPOTrainer
+from rlcore.types import Trajectory
+
+REQUIRED_METRICS = [
+    "step", "reward", "reward_std", "rewards/digits", "advantage_zero_std_frac", "completion_length",
+    "completion_length/max", "num_turns", "loss", "kl", "clip_ratio/low", "clip_ratio/high", "entropy",
+    "failed_trajectories", "step_time", "rollout_time", "train_time", "tokens_per_second",
+]
+
+
+def config(tmp_path: Any, **over: Any) -> GRPOConfig:
+    values: dict[str, Any] = dict(
+        output_dir=str(tmp_path), reward_funcs=["digits"], num_generations=4, per_device_train_batch_size=8,
+        max_completion_length=4, max_steps=2, learning_rate=1e-3, save_strategy="no", seed=0,
+        disable_tqdm=True, report_to="none",
+    )
+    values.update(over)
+    return GRPOConfig(**values)
+
+
+def metrics(tmp_path: Any) -> list[dict[str, Any]]:
+    with open(os.path.join(tmp_path, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_generation_bookkeeping_and_metric_names(tmp_path: Any, tiny_model_dir: str) -> None:
+    # 2 micro-batches per optimizer step × 2 optimizer steps per generation × μ=2 passes:
+    # one generation feeds 4 optimizer steps; old logps recorded, reference model for beta>0.
+    args = config(tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=2, steps_per_generation=2,
+                  num_iterations=2, beta=0.05, loss_type="grpo", is_correction="token_truncate", max_steps=4)
+    assert args.generation_batch_size == 16 and args.prompts_per_generation == 4
+    trainer = GRPOTrainer(tiny_model_dir, args=args, train_dataset=digits_dataset(32))
+    assert trainer.ref_model is not None
+    assert trainer.sampler.model is trainer.model  # colocated hf sampler shares the module
+    trainer.train()
+    assert trainer.state.global_step == 4
+    assert trainer._generations == 1
+    assert trainer.cursor.pos == 4
+    rows = metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for r in rows:
+        missing = [k for k in REQUIRED_METRICS if k not in r]
+        assert not missing, missing
+        assert "is_ratio/mean" in r and r["is_ratio/mean"] > 0
+        assert r["completion_length/max"] <= 4
+    assert rows[-1]["kl"] > 0  # the policy moved away from the reference within the generation
+    assert os.path.exists(os.path.join(tmp_path, "plots", "reward.png"))
+    assert os.path.exists(os.path.join(tmp_path, "plots", "completion_length.png"))
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo"])
+def test_every_loss_trains(tmp_path: Any, tiny_model_dir: str, loss_type: str) -> None:
+    args = config(tmp_path, loss_type=loss_type, max_steps=1, learning_rate=5e-3,
+                  epsilon_high=5.0 if loss_type == "cispo" else None)
+    trainer = GRPOTrainer(tiny_model_dir, args=args, train_dataset=digits_dataset(16))
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    changed = sum(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+    assert changed > 0
+    assert torch.isfinite(torch.tensor(metrics(tmp_path)[0]["loss"]))
+
+
+def test_lora_trains_adapters_and_merges_for_a_separate_sampler(tmp_path: Any, tiny_model_dir: str) -> None:
+    from rlcore.sampling.hf import HFSampler
+
+    separate = HFSampler(tiny_model_dir, seed=0)
+    args = config(tmp_path, use_peft=True, lora_r=4, lora_alpha=8, lora_dropout=0.0, learning_rate=2e-2, max_steps=2)
+    trainer = GRPOTrainer(tiny_model_dir, args=args, train_dataset=digits_dataset(16), sampler=separate)
+    base_before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" not in n}
+    trainer.train()
+    for n, p in trainer.model.named_parameters():
+        if "lora_" not in n:
+            assert torch.equal(base_before[n], p), n
+    trainer.sync_weights()
+    merged = trainer.model.merge_and_unload()
+    for name, p in separate.model.named_parameters():
+        assert torch.allclose(p, dict(merged.named_parameters())[name], atol=1e-6), name
+    assert separate.policy_version >= 2
+    q = separate.model.model.layers[0].self_attn.q_proj.weight
+    assert not torch.allclose(q, base_before["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"])
+
+
+class TwoRounds(RolloutScheduler):
+    """Returns two trajectories per request (one per round), as ms-swift style schedulers may."""
+
+    async def run(self, infer_request: Trajectory) -> list[Trajectory]:
+        first = await super().run(infer_request)
+        again = Trajectory(prompt_ids=list(infer_request.prompt_ids),
+                           messages=[m for m in first.messages if m.get("role") != "assistant"],
+                           data=dict(infer_request.data))
+        second = await super().run(again)
+        return [first, second]
+
+
+def test_several_trajectories_per_request_keep_groups(tmp_path: Any, tiny_model_dir: str) -> None:
+    seen: list[list[str]] = []
+
+    def grouped(trajectories: list[Trajectory], completions: list[str]) -> list[float]:
+        seen.append([t.group_id for t in trajectories])
+        return [float(len(c) % 3) for c in completions]
+
+    args = config(tmp_path, reward_funcs=None, max_steps=1)
+    trainer = GRPOTrainer(tiny_model_dir, reward_funcs=[grouped], args=args, train_dataset=digits_dataset(16),
+                          scheduler=TwoRounds())
+    micro = trainer._generate_and_score()
+    groups = seen[-1]
+    assert len(groups) == 2 * args.generation_batch_size
+    counts: dict[str, int] = {}
+    for g in groups:
+        counts[g] = counts.get(g, 0) + 1
+    assert len(counts) == args.prompts_per_generation
+    assert set(counts.values()) == {2 * args.num_generations}
+    assert trainer.advantage.stats.groups == args.prompts_per_generation
+    assert sum(mb["batch"].size for mb in micro) == len(groups)
+
+
+class _CtrlC:
+    """A callback that presses Ctrl-C once step 2 is logged (fault injection)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "on_log":
+            def press(args: Any, state: Any, control: Any, **kw: Any) -> None:
+                if state.global_step == 2:
+                    raise KeyboardInterrupt
+            return press
+        return lambda *a, **k: None
+
+
+def test_ctrl_c_still_writes_plots(tmp_path: Any, tiny_model_dir: str) -> None:
+    args = config(tmp_path, max_steps=5, disable_tqdm=False)
+    trainer = GRPOTrainer(tiny_model_dir, args=args, train_dataset=digits_dataset(16), callbacks=[_CtrlC()])
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    assert [r["step"] for r in metrics(tmp_path)] == [1, 2]
+    assert os.path.getsize(os.path.join(tmp_path, "plots", "reward.png")) > 1000
+
+
+def test_failed_trajectories_are_counted_and_not_trained(tmp_path: Any, tiny_model_dir: str) -> None:
+    class Flaky(RolloutScheduler):
+        calls = 0
+
+        def on_turn_end(self, infer_request: Trajectory, response_choice: Any, current_turn: int) -> Any:
+            Flaky.calls += 1
+            if Flaky.calls % 4 == 0:
+                raise RuntimeError("env went away")
+            return None
+
+    args = config(tmp_path, max_steps=1)
+    trainer = GRPOTrainer(tiny_model_dir, args=args, train_dataset=digits_dataset(16), scheduler=Flaky())
+    micro = trainer._generate_and_score()
+    assert trainer._gen_metrics["failed_trajectories"] == args.generation_batch_size // 4
+    b = micro[0]["batch"]
+    assert b.size == args.generation_batch_size
+    failed_rows = (b.completion_mask.sum(-1) == 0).sum()
+    assert int(failed_rows) >= args.generation_batch_size // 4

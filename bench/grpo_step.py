@@ -103,7 +103,9 @@ def build(a: argparse.Namespace, model_dir: str, rows: list[dict], out: str, bat
     trl_rows = [{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in rows]
     theirs = TRLTrainer(
         model=AutoModelForCausalLM.from_pretrained(model_dir), reward_funcs=trl_reward,
-        args=TRLConfig(output_dir=os.path.join(out, "trl"), **common), train_dataset=datasets.Dataset.from_list(trl_rows),
+        # float32 on both sides
+        args=TRLConfig(output_dir=os.path.join(out, "trl"), bf16=False, **common),
+        train_dataset=datasets.Dataset.from_list(trl_rows),
         processing_class=tok, callbacks=[timing_callback("trl", baton, times["trl"])],
     )
     return {"trainers": {"rlcore": ours, "trl": theirs}, "times": times}

@@ -168,7 +168,9 @@ async def test_run_overridden_ms_swift_style(tok: Any) -> None:
             return infer_request
 
     sampler = ScriptedSampler(["a1", "a2"], tok)
-    res = await run_rollouts(MyRun(sampler), prompts(tok), progress=False)
+    sched = MyRun(infer_engine=sampler)  # ms-swift's constructor keyword
+    assert sched.sampler is sampler
+    res = await run_rollouts(sched, prompts(tok), progress=False)
     t = res.trajectories[0]
     assert [turn.role for turn in t.turns] == ["assistant", "user", "assistant"]
     assert stream_text(tok, t) + "\n" == render(tok, t.messages)
@@ -243,6 +245,18 @@ async def test_concurrency_is_bounded_and_overlaps(tok: Any) -> None:
     sampler = Respond(["ok"], tok)
     res = await run_rollouts(RolloutScheduler(sampler), prompts(tok, 12), concurrency=4, progress=False)
     assert res.stats["ok"] == 12 and peak == 4
+
+
+def test_progress_bar_counts() -> None:
+    from rlcore.rollout.progress import RolloutProgress
+
+    done = [Trajectory(prompt_ids=[1], num_turns=3, status="ok"), Trajectory(prompt_ids=[1], num_turns=1, status="failed")]
+    with RolloutProgress(2, enabled=True) as bar:
+        bar.advance(done[:1])
+        bar.advance(done[1:])
+        task = bar._progress.tasks[0]
+        assert task.completed == 2 and task.fields == {"turns": 4, "failed": 1}
+    assert RolloutProgress(2, enabled=False).__enter__()._progress is None
 
 
 async def test_registered_schedulers() -> None:

@@ -127,10 +127,14 @@ async def test_errors_are_one_line_sampler_errors(sampler: HFSampler) -> None:
         await sampler.generate([1] * 5000, SamplingParams())
 
 
-def test_registered_and_listed() -> None:
+def test_registered_and_listed(sampler: HFSampler) -> None:
     assert {"hf", "vllm", "openai"} <= set(rlcore.available("sampler"))
     assert rlcore.get("sampler", "hf") is HFSampler
     assert rlcore.get("sampler", "transformers") is HFSampler
+    from rlcore.sampling import make_sampler
+
+    with pytest.raises(rlcore.ConfigError, match="unknown options: batch_windw_ms"):
+        make_sampler("hf", model=sampler.model, tokenizer=sampler.tokenizer, batch_windw_ms=3)
 
 
 async def test_shared_module_needs_no_copy_and_update_weights_loads(tiny_model_dir: str, prompts) -> None:

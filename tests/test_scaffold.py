@@ -119,29 +119,35 @@ def test_generated_plugins_install_list_and_pass_their_tests(tmp_path):
             assert record["components"] == {kind: [name]}
             assert HOOK_OF_KIND[kind] in record["hooks"]
 
-        first = roots["reward"]
-        run = subprocess.run(
-            [sys.executable, "-m", "pytest", "-v", "-c", str(first / "pyproject.toml"), "--rootdir", str(tmp_path),
-             "--import-mode=importlib", *(str(root / "tests") for root in roots.values())],
-            cwd=tmp_path, capture_output=True, text=True, timeout=600,
-            env={**os.environ, "RLCORE_PLUGINS": ",".join(dists.values())},
+        env = {**os.environ, "RLCORE_PLUGINS": ",".join(dists.values())}
+        # the generated packages' own tests, and (alongside, to share the wait) one real training
+        # step that uses five of them together (the env one needs an env scheduler)
+        out = tmp_path / "run"
+        train = subprocess.Popen(
+            [sys.executable, "-m", "rlcore.cli", "train", "--scheduler", names["scheduler"], "--loss-type", names["loss"],
+             "--advantage", names["advantage"], "--sampler", names["sampler"], "--reward", names["reward"],
+             "--reward", "digits", "--max-steps", "1", "--num-generations", "2", "--per-device-train-batch-size", "4",
+             "--max-completion-length", "8", "--output-dir", str(out), "--plots", "false"],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
+        try:
+            first = roots["reward"]
+            run = subprocess.run(
+                [sys.executable, "-m", "pytest", "-v", "-c", str(first / "pyproject.toml"), "--rootdir", str(tmp_path),
+                 "--import-mode=importlib", *(str(root / "tests") for root in roots.values())],
+                cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env,
+            )
+            train_out, train_err = train.communicate(timeout=600)
+        finally:
+            if train.poll() is None:
+                train.kill()
         assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
         for kind, root in roots.items():  # every package's own tests ran and passed
             for module in ("test_registration", f"test_{kind}"):
                 assert f"{root.name}/tests/{module}.py::" in run.stdout, f"{module} of the {kind} plugin did not run"
         assert "SKIPPED" not in run.stdout and "FAILED" not in run.stdout
 
-        # and they plug into a real training step together (the env one needs an env scheduler)
-        out = tmp_path / "run"
-        res = _rlcore(
-            "train", "--scheduler", names["scheduler"], "--loss-type", names["loss"], "--advantage", names["advantage"],
-            "--sampler", names["sampler"], "--reward", names["reward"], "--reward", "digits", "--max-steps", "1",
-            "--num-generations", "2", "--per-device-train-batch-size", "4", "--max-completion-length", "8",
-            "--output-dir", str(out), "--plots", "false",
-            env={"RLCORE_PLUGINS": ",".join(dists.values())}, cwd=tmp_path,
-        )
-        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+        assert train.returncode == 0, train_out[-2000:] + train_err[-2000:]
         metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         assert metrics[-1]["step"] == 1
         assert f"rewards/{names['reward']}" in metrics[-1] and math.isfinite(metrics[-1]["loss"])

@@ -25,7 +25,7 @@ def _upcast(x: torch.Tensor) -> torch.Tensor:
 def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float) -> torch.Tensor:
     logits = _upcast(torch.nn.functional.linear(h, weight, bias))
     if temperature != 1.0:
-        logits = logits / temperature
+        logits.div_(temperature)  # in place: one [chunk, V] block, not two
     return logits
 
 
@@ -67,11 +67,10 @@ class _ChunkedSelectiveLogSoftmax(torch.autograd.Function):
             h = hidden[s : s + chunk]
             logits = _chunk_logits(h, weight, bias, t)
             # d logp / d logits = onehot - softmax; times the incoming grad, divided by temperature
-            g = torch.exp(logits - lse_all[s : s + chunk, None])
+            g = logits.sub_(lse_all[s : s + chunk, None]).exp_()  # softmax, reusing the logits block
             g.neg_()
             g.scatter_add_(-1, targets[s : s + chunk, None], torch.ones_like(g[:, :1]))
             g.mul_((grad_logps[s : s + chunk] / t)[:, None])
-            del logits
             if need_h:
                 grad_h[s : s + chunk] = (g.to(weight.dtype) @ weight).to(hidden.dtype)
             if need_w:

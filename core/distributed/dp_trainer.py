@@ -111,10 +111,28 @@ class RayGRPOTrainer(GRPOTrainer):
         return kept
 
     def _prefetch(self, prompts: Sequence[Any]) -> None:
-        """Start rolling out ``prompts`` in a background thread (its own event loop) right now."""
+        """Start rolling out ``prompts`` in a background thread (its own event loop) right now —
+        unless this generation step is the run's last, when nobody would train on them."""
+        max_steps = int(self.state.max_steps or 0)
+        if max_steps and self.state.global_step + int(self.args.steps_per_generation) >= max_steps:
+            return
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rlcore-prefetch")
-        self._pending = self._executor.submit(GRPOTrainer.rollout, self, list(prompts))
+        self._pending = self._executor.submit(self._rollout_remote, list(prompts))
+
+    def _rollout_remote(self, prompts: list[Any]) -> list[Trajectory]:
+        """``GRPOTrainer.rollout`` without its eval()/train() toggling: the samplers are remote, and
+        flipping the module's mode from this thread would race the training step on the main one."""
+        from ..asyncutil import run_sync
+        from ..rollout.driver import run_rollouts
+        from ..training.components import sampling_params
+
+        result = run_sync(run_rollouts(
+            self.scheduler_obj, prompts, num_generations=self.args.num_generations,
+            sampling_params=sampling_params(self.args), components=(),
+            concurrency=self.args.rollout_concurrency, progress=False, timeout=self.args.rollout_timeout,
+        ))
+        return result.trajectories
 
     def _finish_prefetch(self) -> None:
         if self._pending is not None:

@@ -50,7 +50,10 @@ def reserve(name: str, group: WorkerGroupConfig, *, strategy: str = "PACK", time
     from ray.util.placement_group import placement_group, remove_placement_group
 
     bundles = [group.bundle() for _ in range(group.num_workers)]
-    pg = placement_group(bundles, strategy=strategy, name=f"rlcore-{name}")
+    import uuid
+
+    # unique per run: several runs (or tests) may share one cluster
+    pg = placement_group(bundles, strategy=strategy, name=f"rlcore-{name}-{uuid.uuid4().hex[:8]}")
     ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
     if not ready:
         remove_placement_group(pg)

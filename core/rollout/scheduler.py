@@ -84,6 +84,8 @@ class RolloutScheduler:
         tools: list[dict[str, Any]] | None = None,
         **options: Any,
     ) -> None:
+        if sampler is None and "infer_engine" in options:  # ms-swift's constructor argument name
+            sampler = options.pop("infer_engine")
         self.sampler = sampler
         self.tokenizer = tokenizer
         self.max_turns = int(max_turns) if max_turns is not None else self.default_max_turns
@@ -99,7 +101,12 @@ class RolloutScheduler:
     # --- ms-swift compatible attributes -------------------------------------------------------
     @property
     def infer_engine(self) -> _InferEngine:
+        """ms-swift's engine handle: ``await self.infer_engine.infer_async(request)``."""
         return _InferEngine(self)
+
+    @infer_engine.setter
+    def infer_engine(self, sampler: Any) -> None:
+        self.sampler = sampler
 
     # --- lifecycle (override these; sync or async) ----------------------------------------------
     def on_trajectory_start(self, trajectories: list[Trajectory]) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import threading
-import warnings
 from typing import Any
 
 import attrs
@@ -71,7 +70,10 @@ class HFSampler(Sampler):
         import torch
 
         if opts:
-            warnings.warn(f"HFSampler ignores options it does not know: {', '.join(sorted(opts))}", stacklevel=2)
+            raise ConfigError(
+                f"hf sampler got unknown options: {', '.join(sorted(opts))}; it takes device, dtype, "
+                "batch_window_ms, max_batch_size, max_model_len, seed, num_threads"
+            )
         self.owns_model = isinstance(model, (str, os.PathLike))
         if self.owns_model:
             self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

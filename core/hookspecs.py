@@ -53,7 +53,10 @@ def register_rewards(register: Register) -> None:
 @hookspec
 def register_losses(register: Register) -> None:
     """Register policy losses: ``register("grpo", grpo_loss)`` with the signature
-    ``loss(logps, old_logps, advantages, mask, *, ref_logps=None, sampler_logps=None, config) -> (loss, metrics)``.
+    ``loss(logps, old_logps, advantages, mask, *, ref_logps=None, sampler_logps=None, is_valid=None, config) -> (loss, metrics)``.
+
+    ``is_valid`` (bool [B]) is False for trajectories whose sampler logprobs are incomplete: rollout
+    importance-sampling correction must be off for those rows.
     """
 
 

@@ -310,3 +310,26 @@ async def test_rewriting_history_fails_the_trajectory(tok: Any) -> None:
     res = await run_rollouts(Rewriter(ScriptedSampler(["a"], tok), max_turns=2), prompts(tok), progress=False)
     t = res.trajectories[0]
     assert t.status == "failed" and "changed message 0 (user) which is already in the token stream" in t.reason
+
+
+async def test_ms_swift_tool_call_pattern_with_eos_inside(tok: Any) -> None:
+    """ms-swift's ToolCallScheduler: the tool result goes into the assistant message and the
+    returned token ids are the sampled ids (eos included) + the result's ids with loss mask 0."""
+
+    class ToolInline(MultiTurnScheduler):
+        def step(self, infer_request, response_choice, current_turn):
+            result = " => 42."
+            infer_request.messages[-1]["content"] += result
+            res_ids = tok.encode(result, add_special_tokens=False)
+            ids = list(response_choice.token_ids) + res_ids
+            return {"infer_request": infer_request, "response_token_ids": ids,
+                    "response_loss_mask": [1] * len(response_choice.token_ids) + [0] * len(res_ids)}
+
+    sampler = ScriptedSampler(["compute", " so 42"], tok)
+    res = await run_rollouts(ToolInline(sampler, max_turns=2), prompts(tok), progress=False)
+    t = res.trajectories[0]
+    assert t.status == "ok", t.reason
+    first = tok.encode("compute", add_special_tokens=False) + [tok.eos_token_id]
+    assert t.completion_ids[: len(first)] == first and all(lp is not None for lp in t.logprobs[: len(first)])
+    assert sampler.calls[1][0] == t.prompt_ids + t.completion_ids[: len(sampler.calls[1][0]) - len(t.prompt_ids)]
+    assert t.messages[-1]["content"] == "compute => 42. so 42" and t.logprobs_complete

@@ -213,3 +213,23 @@ async def test_lora_update_loads_only_adapters(tiny_model_dir: str, prompts) -> 
         assert load_weights_into(served, trainer.state_dict(), lora=True) == n_lora
     finally:
         await s.close()
+
+
+async def test_late_requests_join_the_running_batch_and_short_ones_leave_early(sampler: HFSampler, prompts) -> None:
+    long_params = SamplingParams(max_tokens=150, temperature=1.0, seed=31, stop_token_ids=[-1])
+    short = SamplingParams(max_tokens=3, temperature=0.8, seed=32, stop_token_ids=[-1])
+    n_batches = len(sampler.batch_sizes)
+    long_task = asyncio.ensure_future(sampler.generate(prompts[2], long_params))  # a short prompt
+    while len(sampler.batch_sizes) == n_batches:  # wait until its batch is decoding
+        await asyncio.sleep(0.005)
+    # a longer prompt (the running batch's cache is padded to it) and a shorter one (its cache is padded)
+    joined = await asyncio.gather(sampler.generate(prompts[1], short), sampler.generate(prompts[3], short))
+    assert not long_task.done()  # answered while the long row keeps decoding
+    long_c = await long_task
+    assert long_c.meta["joined_at_step"] == 0 and long_c.meta["batch_size"] == 1
+    assert sampler.batch_sizes[n_batches:] == [3]  # the two late requests were merged into its batch
+    for p, c, t in ((prompts[2], long_c, 1.0), (prompts[1], joined[0], 0.8), (prompts[3], joined[1], 0.8)):
+        ref = recompute_logprobs(sampler.model, p, c.token_ids, t)
+        assert torch.allclose(torch.tensor(c.logprobs), ref, atol=1e-4)
+    alone = await sampler.generate(prompts[1], short)
+    assert alone.token_ids == joined[0].token_ids  # seeded rows do not depend on their batch

@@ -41,7 +41,8 @@ def test_generation_bookkeeping_and_metric_names(tmp_path: Any, tiny_model_dir: 
     # 2 micro-batches per optimizer step × 2 optimizer steps per generation × μ=2 passes:
     # one generation feeds 4 optimizer steps; old logps recorded, reference model for beta>0.
     args = config(tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=2, steps_per_generation=2,
-                  num_iterations=2, beta=0.05, loss_type="grpo", is_correction="token_truncate", max_steps=4)
+                  num_iterations=2, beta=0.05, loss_type="grpo", is_correction="token_truncate", max_steps=4,
+                  temperature=0.7)
     assert args.generation_batch_size == 16 and args.prompts_per_generation == 4
     trainer = GRPOTrainer(tiny_model_dir, args=args, train_dataset=digits_dataset(32))
     assert trainer.ref_model is not None
@@ -55,7 +56,8 @@ def test_generation_bookkeeping_and_metric_names(tmp_path: Any, tiny_model_dir: 
     for r in rows:
         missing = [k for k in REQUIRED_METRICS if k not in r]
         assert not missing, missing
-        assert "is_ratio/mean" in r and r["is_ratio/mean"] > 0
+        # the colocated sampler and the trainer compute the same distribution (temperature included)
+        assert abs(r["is_ratio/mean"] - 1.0) < 1e-3 and abs(r["is_ratio/max"] - 1.0) < 1e-2
         assert r["completion_length/max"] <= 4
     assert rows[-1]["kl"] > 0  # the policy moved away from the reference within the generation
     assert os.path.exists(os.path.join(tmp_path, "plots", "reward.png"))
@@ -167,3 +169,36 @@ def test_failed_trajectories_are_counted_and_not_trained(tmp_path: Any, tiny_mod
     assert b.size == args.generation_batch_size
     failed_rows = (b.completion_mask.sum(-1) == 0).sum()
     assert int(failed_rows) >= args.generation_batch_size // 4
+
+
+def test_multi_turn_step_rewards_train_with_gigpo(tmp_path: Any, tiny_model_dir: str) -> None:
+    from rlcore.rollout import MultiTurnScheduler
+
+    class Echo(MultiTurnScheduler):
+        """Two turns; the env's step reward is the share of digits in each reply."""
+
+        def on_turn_end(self, infer_request: Trajectory, response_choice: Any, current_turn: int) -> Any:
+            text = response_choice.message.content
+            return {"reward": sum(c.isdigit() for c in text) / max(1, len(text))}
+
+        def step(self, infer_request: Trajectory, response_choice: Any, current_turn: int) -> Any:
+            infer_request.messages.append({"role": "user", "content": "again"})
+            return {"infer_request": infer_request}
+
+        def check_finished(self, infer_request: Trajectory, response_choice: Any, current_turn: int) -> bool:
+            return current_turn >= 2
+
+    args = config(tmp_path, reward_funcs=["env_reward"], advantage="gigpo", max_steps=1)
+    trainer = GRPOTrainer(tiny_model_dir, args=args, train_dataset=digits_dataset(16), scheduler=Echo())
+    micro = trainer._generate_and_score()
+    b = micro[0]["batch"]
+    assert trainer._gen_metrics["num_turns"] == 2.0
+    # observation tokens of turn 2 are in the sequence but never trained
+    n_tokens = int(b.attention_mask.sum())
+    n_trained = int(b.completion_mask.sum())
+    assert n_trained < n_tokens
+    # step-level advantages: within a trajectory the two turns may differ
+    per_row = [set(b.advantages[i][b.completion_mask[i] > 0].tolist()) for i in range(b.size)]
+    assert any(len(s) == 2 for s in per_row)
+    trainer.train()
+    assert metrics(tmp_path)[0]["num_turns"] == 2.0

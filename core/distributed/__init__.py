@@ -1,13 +1,24 @@
 """Scale out with Ray: a trainer group and a sampler group placed on their own workers, weight sync
 from trainer to samplers, and optional async generation. Needs ``pip install 'rlcore[ray]'``.
 
-Importing this package does not import Ray (only the functions that start workers do), so configs
-and docs tools work without it.
+Importing this package imports neither Ray nor torch (only starting workers does), so configs,
+the CLI's flag parsing and docs tools work without them.
 """
 
 from .config import DistributedConfig, WorkerGroupConfig
 from .errors import WorkerFailedError
+from .pool import RemoteSampler
 from .routing import bind_trajectory
+from .runner import DistributedResult, run_distributed
 from .staleness import filter_stale
 
-__all__ = ["DistributedConfig", "WorkerFailedError", "WorkerGroupConfig", "bind_trajectory", "filter_stale"]
+__all__ = [
+    "DistributedConfig",
+    "DistributedResult",
+    "RemoteSampler",
+    "WorkerFailedError",
+    "WorkerGroupConfig",
+    "bind_trajectory",
+    "filter_stale",
+    "run_distributed",
+]

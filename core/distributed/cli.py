@@ -123,9 +123,8 @@ def run_distributed_plan(plan: Any, config: DistributedConfig) -> Any:
     args = plan.args
     args.scheduler_options = {**(args.scheduler_options or {}), **plan.component_options.get("scheduler", {})}
     args.sampler_options = {**(args.sampler_options or {}), **plan.component_options.get("sampler", {})}
-    if args.sampler not in ("hf", "transformers"):
-        config.sampler_name = args.sampler
-        config.sampler_options = dict(args.sampler_options)
+    config.sampler_name = args.sampler  # each sampler worker hosts the configured backend
+    config.sampler_options = dict(args.sampler_options)
     console = Console()
     t, s = config.trainer, config.sampler
     console.print(

@@ -133,18 +133,13 @@ def normalize_run_output(request: Trajectory, out: Any) -> list[Trajectory]:
     trajs: list[Trajectory] = []
     for item in items:
         if isinstance(item, Trajectory):
-            if not item.group_id:
-                item.group_id = request.group_id
             trajs.append(item)
         elif isinstance(item, RolloutOutput):
             trajs.append(_from_rollout_output(request, item))
         else:
             raise TypeError(f"run returned {type(item).__name__}; return a Trajectory, a list of them, or RolloutOutput")
     for t in trajs:
-        if t is not request and not t.group_id:
-            t.group_id = request.group_id
-        elif t is not request:
-            t.group_id = t.group_id or request.group_id
+        t.group_id = t.group_id or request.group_id
     return trajs or [request]
 
 

@@ -47,6 +47,9 @@ class TokenStream:
     #: (number of messages, their rendering with the generation prompt): the text the open
     #: assistant message started from, kept so each turn renders the conversation twice, not four times
     head: tuple[int, str] | None = None
+    #: the last sampled turn and the assistant text before it: what a continuation edit may trim
+    last_sample: Turn | None = None
+    base_content: str = ""
 
     @classmethod
     def start(cls, tokenizer: Any, trajectory: Trajectory, tools: list[dict[str, Any]] | None = None) -> "TokenStream":
@@ -71,12 +74,16 @@ class TokenStream:
         completion.text = content
         if not self.open:
             self.gen_start = len(trajectory.turns)
-        trajectory.turns.append(Turn.sampled(completion))
+        turn = Turn.sampled(completion)
+        trajectory.turns.append(turn)
+        self.last_sample = turn
         if self.open and self.synced and self.synced[-1].get("role") == "assistant":
-            self.synced[-1]["content"] = str(self.synced[-1].get("content") or "") + content
+            self.base_content = str(self.synced[-1].get("content") or "")
+            self.synced[-1]["content"] = self.base_content + content
             if update_messages and trajectory.messages and trajectory.messages[-1].get("role") == "assistant":
                 trajectory.messages[-1]["content"] = str(trajectory.messages[-1].get("content") or "") + content
         else:
+            self.base_content = ""
             self.synced.append({"role": "assistant", "content": content})
             if update_messages:
                 trajectory.messages.append({"role": "assistant", "content": content})
@@ -129,7 +136,8 @@ class TokenStream:
             role = "assistant" if mask[i] else INLINE_ROLE
             trajectory.turns.append(Turn(ids[i:j], mask[i:j], lps[i:j], role=role, text=tk.decode(self.tokenizer, ids[i:j])))
             i = j
-        # trust the scheduler's message text for the assistant message
+        # trust the scheduler's tokens and message text for the assistant message
+        self.last_sample = None
         if trajectory.messages and trajectory.messages[-1].get("role") == "assistant" and self.synced:
             self.synced[-1] = copy.deepcopy(trajectory.messages[-1])
         self.open = True
@@ -179,37 +187,39 @@ class TokenStream:
         self.gen_start = len(trajectory.turns)
 
     def _edit_assistant(self, trajectory: Trajectory, new_content: str) -> None:
-        """Make the open assistant message's tokens spell ``new_content`` (continuation)."""
-        turns = trajectory.turns[self.gen_start:]
-        if not turns:
+        """Make the open assistant message's tokens spell ``new_content`` (continuation).
+
+        Only the last sampled completion can be trimmed (e.g. its eos, or text a tip replaces);
+        tokens before it stay as they are, so the new text must extend what they spell.
+        """
+        if len(trajectory.turns) <= self.gen_start:
             return
-        lastturn = turns[-1]
-        base_ids = [t for turn in turns[:-1] for t in turn.token_ids]
-        base = tk.decode(self.tokenizer, base_ids)
-        if lastturn.role == "assistant":
-            k = tk.sampled_prefix_len(self.tokenizer, lastturn.token_ids, base, new_content)
+        last = trajectory.turns[-1]
+        current = str(self.synced[-1].get("content") or "") if self.synced else ""
+        if last is self.last_sample and new_content.startswith(self.base_content):
+            k = tk.sampled_prefix_len(self.tokenizer, last.token_ids, self.base_content, new_content)
+            if k < len(last.token_ids):
+                trajectory.infos["trimmed_tokens"] = int(trajectory.infos.get("trimmed_tokens", 0)) + len(last.token_ids) - k
+                if k:
+                    trajectory.turns[-1] = Turn(
+                        last.token_ids[:k], last.loss_mask[:k], last.logprobs[:k], role=last.role,
+                        text=tk.decode(self.tokenizer, last.token_ids[:k]), finish_reason=last.finish_reason,
+                    )
+                else:
+                    trajectory.turns.pop()
+                self.last_sample = trajectory.turns[-1] if k else None
+            have = self.base_content + tk.decode(self.tokenizer, last.token_ids[:k])
+        elif new_content.startswith(current):
+            have = current
         else:
-            k = len(lastturn.token_ids) if new_content.startswith(tk.decode(self.tokenizer, base_ids + lastturn.token_ids)) else -1
-        if k < 0:
             raise MessagesEditError(
                 "the scheduler rewrote assistant text generated before the last completion; only the last "
                 "completion can be trimmed or extended (or return response_token_ids from step)"
             )
-        if k < len(lastturn.token_ids):
-            trajectory.infos["trimmed_tokens"] = int(trajectory.infos.get("trimmed_tokens", 0)) + len(lastturn.token_ids) - k
-            kept = Turn(
-                lastturn.token_ids[:k], lastturn.loss_mask[:k], lastturn.logprobs[:k],
-                role=lastturn.role, text=tk.decode(self.tokenizer, lastturn.token_ids[:k]), finish_reason=lastturn.finish_reason,
-            )
-            idx = len(trajectory.turns) - 1
-            if k:
-                trajectory.turns[idx] = kept
-            else:
-                del trajectory.turns[idx]
-        have = tk.decode(self.tokenizer, [t for turn in trajectory.turns[self.gen_start:] for t in turn.token_ids])
-        rest = new_content[len(have):] if new_content.startswith(have) else ""
+        rest = new_content[len(have):]
         if rest:
             trajectory.turns.append(Turn.observation(tk.encode_text(self.tokenizer, rest), role=INLINE_ROLE, text=rest))
+            self.last_sample = None
         if self.synced and self.synced[-1].get("role") == "assistant":
             self.synced[-1]["content"] = new_content
 

@@ -22,9 +22,51 @@ Req = TypeVar("Req")
 _STOP = object()
 
 
+class BatchHandle(Generic[Req]):
+    """A running batch, for backends that decode step by step (``streaming=True``).
+
+    ``finish(i, result)`` answers request ``i`` as soon as its row is done (its trajectory moves on
+    while the rest of the batch decodes); ``admit(limit)`` takes requests that arrived since the
+    batch started, so they join at the next step instead of waiting for the whole batch.
+    """
+
+    def __init__(self, batcher: "MicroBatcher[Req]", items: list[tuple[Req, concurrent.futures.Future]]) -> None:
+        self._batcher = batcher
+        self.items = items
+
+    @property
+    def requests(self) -> list[Req]:
+        return [r for r, _ in self.items]
+
+    def finish(self, index: int, result: Any) -> None:
+        fut = self.items[index][1]
+        if not fut.done():
+            fut.set_result(result)
+
+    def admit(self, limit: int) -> list[Req]:
+        """Up to ``limit`` queued requests (never blocks); they get the next indices."""
+        taken: list[Req] = []
+        while len(taken) < limit:
+            try:
+                item = self._batcher._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is _STOP:
+                self._batcher._queue.put(_STOP)
+                break
+            req, fut = item
+            if fut.set_running_or_notify_cancel():
+                self.items.append((req, fut))
+                taken.append(req)
+        if taken:
+            self._batcher.batch_sizes[-1] += len(taken)
+        return taken
+
+
 class MicroBatcher(Generic[Req]):
     """Collects requests for up to ``window_s`` after the first one (or ``max_batch_size`` of them)
-    and hands each batch to ``run_batch(requests) -> results`` on one worker thread."""
+    and hands each batch to ``run_batch(requests) -> results`` on one worker thread — or, with
+    ``streaming=True``, to ``run_batch(handle)`` which answers through a :class:`BatchHandle`."""
 
     def __init__(
         self,
@@ -33,8 +75,10 @@ class MicroBatcher(Generic[Req]):
         window_s: float = 0.005,
         max_batch_size: int = 64,
         name: str = "rlcore-sampler",
+        streaming: bool = False,
     ) -> None:
         self.run_batch = run_batch
+        self.streaming = streaming
         self.window_s = max(0.0, window_s)
         self.max_batch_size = max(1, max_batch_size)
         self.name = name
@@ -90,20 +134,30 @@ class MicroBatcher(Generic[Req]):
             if not live:
                 continue
             self.batch_sizes.append(len(live))
+            handle = BatchHandle(self, live)
             try:
-                results = self.run_batch([r for r, _ in live])
+                if self.streaming:
+                    self.run_batch(handle)
+                else:
+                    for i, res in enumerate(self.run_batch(handle.requests)):
+                        if isinstance(res, BaseException):
+                            if not live[i][1].done():
+                                live[i][1].set_exception(res)
+                        else:
+                            handle.finish(i, res)
             except BaseException as exc:  # noqa: BLE001 - every waiter learns why
                 err = exc if isinstance(exc, SamplerError) else SamplerError(
                     f"{self.name}: generation failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 )
-                for _, f in live:
-                    f.set_exception(err)
+                self._fail_unanswered(handle, err)
                 continue
-            for (_, f), res in zip(live, results):
-                if isinstance(res, BaseException):
-                    f.set_exception(res)
-                else:
-                    f.set_result(res)
+            self._fail_unanswered(handle, SamplerError(f"{self.name}: the backend returned no result for a request"))
+
+    @staticmethod
+    def _fail_unanswered(handle: "BatchHandle[Any]", err: BaseException) -> None:
+        for _, f in handle.items:
+            if not f.done():
+                f.set_exception(err)
 
     def close(self) -> None:
         """Stop the worker after the current batch; queued requests fail with a SamplerError."""

@@ -2,10 +2,11 @@
 
 Concurrent ``generate`` calls (64 trajectories of a rollout each waiting on their next turn) are
 gathered by arrival into one left-padded batch and decoded together by our own loop over the
-model's forward with a KV cache. Our own loop rather than ``model.generate`` because every row of
-the batch has its own sampling parameters and seed, finished rows are dropped from the cache as
-they end, and the logprob of each sampled token comes out of the same logits that drew it
-(semantics in :mod:`rlcore.sampling.processing`).
+model's forward with a KV cache (:mod:`rlcore.sampling.hf_decode`): a finished row is answered at
+once and leaves the batch, a request arriving mid-batch joins it at the next step. Our own loop
+rather than ``model.generate`` because every row has its own sampling parameters and seed, and
+the logprob of each sampled token comes out of the same logits that drew it (semantics in
+:mod:`rlcore.sampling.processing`).
 
 Weight sync is an in-place copy into the model; when the sampler was given the trainer's own
 ``nn.Module`` (colocated on one device) the parameters are shared and there is nothing to copy.
@@ -22,7 +23,7 @@ import attrs
 from ..errors import ConfigError, SamplerError
 from ..types import Completion, SamplingParams
 from .base import Sampler, WeightsLike
-from .batcher import MicroBatcher
+from .batcher import BatchHandle, MicroBatcher
 from .stops import StopChecker, default_stop_ids
 
 
@@ -98,7 +99,8 @@ class HFSampler(Sampler):
         self._asleep = False
         self.num_threads = num_threads
         self._batcher: MicroBatcher[_Request] = MicroBatcher(
-            self._run_batch, window_s=batch_window_ms / 1000.0, max_batch_size=max_batch_size, name="hf sampler"
+            self._run_batch, window_s=batch_window_ms / 1000.0, max_batch_size=max_batch_size, name="hf sampler",
+            streaming=True,
         )
 
     # --- the protocol ---------------------------------------------------------------------------------
@@ -166,8 +168,10 @@ class HFSampler(Sampler):
         if self._asleep:
             raise SamplerError("hf sampler is asleep; call wake_up() before generating")
 
-    def _run_batch(self, requests: list[_Request]) -> list[Completion]:
+    def _run_batch(self, handle: BatchHandle[_Request]) -> None:
         import torch
+
+        from .hf_decode import Decoder
 
         if self.num_threads and torch.get_num_threads() != self.num_threads:
             torch.set_num_threads(self.num_threads)  # per-thread: the worker's setting only
@@ -177,100 +181,10 @@ class HFSampler(Sampler):
             was_training = self.model.training
             self.model.eval()
             try:
-                return self._decode(requests)
+                Decoder(self, handle).run()
             finally:
                 if was_training:
                     self.model.train()
-
-    def _decode(self, requests: list[_Request]) -> list[Completion]:
-        import torch
-
-        from .processing import row_tensors, sample_step
-
-        dev = self.device
-        B = len(requests)
-        params = [r.params for r in requests]
-        checkers = [
-            StopChecker(
-                self.tokenizer,
-                max_tokens=min(p.max_tokens, self.max_model_len - len(r.prompt_ids)),
-                stop_token_ids=p.stop_token_ids or self.default_stop_token_ids,
-                stop=p.stop,
-                min_tokens=p.min_tokens,
-            )
-            for r, p in zip(requests, params)
-        ]
-        gens = [torch.Generator().manual_seed(int(p.seed)) if p.seed is not None else None for p in params]
-        lens = [len(r.prompt_ids) for r in requests]
-        L = max(lens)
-        ids = torch.full((B, L), self.pad_token_id, dtype=torch.long)
-        attn = torch.zeros((B, L), dtype=torch.long)
-        for i, r in enumerate(requests):
-            ids[i, L - lens[i]:] = torch.tensor(r.prompt_ids, dtype=torch.long)
-            attn[i, L - lens[i]:] = 1
-        ids, attn = ids.to(dev), attn.to(dev)
-        rows = row_tensors(params, self.vocab_size, dev)
-        seen = None
-        if any(p.repetition_penalty != 1.0 for p in params):
-            seen = torch.zeros((B, self.vocab_size), dtype=torch.bool, device=dev)
-            seen.scatter_(1, ids, attn.bool())
-        stop_mask = None
-        if any(p.min_tokens > 0 for p in params):
-            stop_mask = torch.zeros((B, self.vocab_size), dtype=torch.bool, device=dev)
-            for i, c in enumerate(checkers):
-                stop_mask[i, [t for t in c.stop_token_ids if 0 <= t < self.vocab_size]] = True
-        min_tokens = torch.tensor([p.min_tokens for p in params], device=dev)
-
-        position_ids = (attn.cumsum(-1) - 1).clamp_(min=0)
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=position_ids, use_cache=True, logits_to_keep=1)
-        past = _cache_of(out)
-        logits = out.logits[:, -1, :]
-        active = list(range(B))
-        steps = 0
-        while True:
-            uniforms = self._uniforms([gens[i] for i in active])
-            banned = None
-            if stop_mask is not None:
-                banned = stop_mask & (min_tokens > steps).unsqueeze(1)
-            tokens, lps = sample_step(logits, rows, uniforms, seen, banned)
-            steps += 1
-            tok_list, lp_list = tokens.tolist(), lps.tolist()
-            keep = [j for j, i in enumerate(active) if not checkers[i].add(tok_list[j], lp_list[j])]
-            if not keep:
-                break
-            if len(keep) < len(active):  # drop finished rows from every tensor and the KV cache
-                idx = torch.tensor(keep, device=dev)
-                tokens, attn = tokens[idx], attn[idx]
-                rows = {k: v[idx] for k, v in rows.items()}
-                min_tokens = min_tokens[idx]
-                if seen is not None:
-                    seen = seen[idx]
-                if stop_mask is not None:
-                    stop_mask = stop_mask[idx]
-                past.batch_select_indices(idx)
-                active = [active[j] for j in keep]
-            if seen is not None:
-                seen.scatter_(1, tokens.unsqueeze(1), True)
-            position_ids = attn.sum(-1, keepdim=True)
-            attn = torch.cat([attn, torch.ones((len(active), 1), dtype=attn.dtype, device=dev)], dim=1)
-            out = self.model(
-                input_ids=tokens.unsqueeze(1), attention_mask=attn, position_ids=position_ids,
-                use_cache=True, **{self._cache_kw: past},
-            )
-            past = _cache_of(out)
-            logits = out.logits[:, -1, :]
-
-        version = self.policy_version
-        return [
-            Completion(
-                token_ids=c.token_ids,
-                logprobs=c.logprobs,
-                finish_reason=c.finish_reason or "length",
-                text=c.text(),
-                meta={"policy_version": version, "prompt_tokens": lens[i], "batch_size": B, "stop": c.matched_stop},
-            )
-            for i, c in enumerate(checkers)
-        ]
 
     def _uniforms(self, gens: list[Any]) -> Any:
         """One uniform per row: from the row's own seeded generator, else the sampler's."""
@@ -334,7 +248,3 @@ def _cache_kwarg(model: Any) -> str:
         return "past_key_values"
     return "cache" if "cache" in names else "past_key_values"
 
-
-def _cache_of(out: Any) -> Any:
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else getattr(out, "past_key_values", None)

@@ -17,9 +17,13 @@ import threading
 import uuid
 from typing import Any, Callable, Optional
 
-from openenv.core.env_server.interfaces import Environment
-from openenv.core.env_server.types import Action, Observation, State
 from pydantic import Field
+
+from ._imports import without_gradio
+
+with without_gradio():
+    from openenv.core.env_server.interfaces import Environment
+    from openenv.core.env_server.types import Action, Observation, State
 
 
 class GuessAction(Action):

@@ -27,7 +27,7 @@ def build_app(name: str, *, max_concurrent_envs: int = 64, step_delay: float = 0
         raise ConfigError(f"unknown OpenEnv environment {name!r}; choose one of: {', '.join(sorted(GAMES))}")
     if max_concurrent_envs < 1:
         raise ConfigError(f"--max-concurrent-envs must be >= 1, got {max_concurrent_envs}")
-    from openenv.core.env_server import create_app
+    from openenv.core.env_server import create_app  # already imported by .games, without gradio
 
     env_cls, action_cls, obs_cls = game(name)
     factory = functools.partial(env_cls, step_delay=step_delay)

@@ -1,0 +1,190 @@
+"""The ``hf`` sampler's decode loop: one left-padded batch over a KV cache that rows join and leave.
+
+Why rows join and leave: in a rollout, trajectories ask for their next turn at different times. A
+row that finishes is answered at once (its trajectory goes on to the env step) and dropped from
+the cache; requests that arrive while the batch decodes are prefilled and merged into it at the
+next step (their cache is left-padded to the batch's length, or the batch's to theirs), instead
+of waiting for the longest completion of the batch. Positions come from the attention mask, so
+padding never shifts a row, and every row keeps its own sampling parameters and seed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from ..types import Completion
+from .batcher import BatchHandle
+from .processing import row_tensors, sample_step
+from .stops import StopChecker
+
+if TYPE_CHECKING:
+    from .hf import HFSampler, _Request
+
+
+def _can_merge(cache: Any) -> bool:
+    """Only plain full-attention dynamic layers can be padded and concatenated safely."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(type(layer) is DynamicLayer and layer.is_initialized for layer in layers)
+
+
+def _left_pad(t: torch.Tensor, pad: int, dim: int) -> torch.Tensor:
+    if pad <= 0:
+        return t
+    spec = [0, 0] * (t.dim() - 1 - (dim % t.dim())) + [pad, 0]
+    return F.pad(t, spec)
+
+
+class Decoder:
+    """Decodes one streaming batch of :class:`~rlcore.sampling.hf.HFSampler` requests."""
+
+    def __init__(self, sampler: "HFSampler", handle: BatchHandle["_Request"]) -> None:
+        self.s = sampler
+        self.handle = handle
+        self.dev = sampler.device
+        self.vocab = sampler.vocab_size
+        self.active: list[int] = []  # handle indices of the rows, in row order
+        self.checkers: dict[int, StopChecker] = {}
+        self.gens: dict[int, Any] = {}
+        self.meta: dict[int, dict[str, Any]] = {}
+        self.attn: torch.Tensor | None = None
+        self.cache: Any = None
+        self.logits: torch.Tensor | None = None
+        self.rows: dict[str, torch.Tensor] = {}
+        self.seen: torch.Tensor | None = None
+        self.stop_mask: torch.Tensor | None = None
+        self.step = 0
+
+    # --- rows joining ----------------------------------------------------------------------------
+    def admit(self, indices: list[int]) -> None:
+        """Prefill requests ``indices`` and merge them into the running batch."""
+        reqs = [self.handle.items[i][0] for i in indices]
+        params = [r.params for r in reqs]
+        lens = [len(r.prompt_ids) for r in reqs]
+        n, L = len(reqs), max(lens)
+        ids = torch.full((n, L), self.s.pad_token_id, dtype=torch.long)
+        attn = torch.zeros((n, L), dtype=torch.long)
+        for j, r in enumerate(reqs):
+            ids[j, L - lens[j]:] = torch.tensor(r.prompt_ids, dtype=torch.long)
+            attn[j, L - lens[j]:] = 1
+        ids, attn = ids.to(self.dev), attn.to(self.dev)
+        out = self.s.model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp_(min=0),
+                           use_cache=True, logits_to_keep=1)
+        cache, logits = _cache_of(out), out.logits[:, -1, :]
+        rows = row_tensors(params, self.vocab, self.dev)
+        seen = stop_mask = None
+        if any(p.repetition_penalty != 1.0 for p in params) or self.seen is not None:
+            seen = torch.zeros((n, self.vocab), dtype=torch.bool, device=self.dev)
+            seen.scatter_(1, ids, attn.bool())
+        for j, (i, r, p) in enumerate(zip(indices, reqs, params)):
+            self.checkers[i] = StopChecker(
+                self.s.tokenizer, max_tokens=min(p.max_tokens, self.s.max_model_len - lens[j]),
+                stop_token_ids=p.stop_token_ids or self.s.default_stop_token_ids, stop=p.stop, min_tokens=p.min_tokens,
+            )
+            self.gens[i] = torch.Generator().manual_seed(int(p.seed)) if p.seed is not None else None
+            self.meta[i] = {"prompt_tokens": lens[j], "batch_size": len(self.active) + n, "joined_at_step": self.step}
+        if any(p.min_tokens > 0 for p in params) or self.stop_mask is not None:
+            stop_mask = torch.zeros((n, self.vocab), dtype=torch.bool, device=self.dev)
+            for j, i in enumerate(indices):
+                stop_mask[j, [t for t in self.checkers[i].stop_token_ids if 0 <= t < self.vocab]] = True
+
+        if self.attn is None:
+            self.attn, self.cache, self.logits, self.rows, self.seen, self.stop_mask = attn, cache, logits, rows, seen, stop_mask
+        else:
+            self._merge(attn, cache, logits, rows, seen, stop_mask)
+        self.active += indices
+
+    def _merge(self, attn: torch.Tensor, cache: Any, logits: torch.Tensor, rows: dict[str, torch.Tensor],
+               seen: torch.Tensor | None, stop_mask: torch.Tensor | None) -> None:
+        assert self.attn is not None and self.logits is not None
+        T = max(self.attn.shape[1], attn.shape[1])
+        pad_old, pad_new = T - self.attn.shape[1], T - attn.shape[1]
+        self.attn = torch.cat([_left_pad(self.attn, pad_old, 1), _left_pad(attn, pad_new, 1)], 0)
+        for old, new in zip(self.cache.layers, cache.layers):
+            old.keys = torch.cat([_left_pad(old.keys, pad_old, -2), _left_pad(new.keys, pad_new, -2)], 0)
+            old.values = torch.cat([_left_pad(old.values, pad_old, -2), _left_pad(new.values, pad_new, -2)], 0)
+        self.logits = torch.cat([self.logits, logits], 0)
+        self.rows = {k: torch.cat([v, rows[k]], 0) for k, v in self.rows.items()}
+        self.seen = self._cat_optional(self.seen, seen, len(self.active), attn.shape[0])
+        self.stop_mask = self._cat_optional(self.stop_mask, stop_mask, len(self.active), attn.shape[0])
+
+    def _cat_optional(self, old: torch.Tensor | None, new: torch.Tensor | None, n_old: int, n_new: int) -> torch.Tensor | None:
+        if old is None and new is None:
+            return None
+        old = old if old is not None else torch.zeros((n_old, self.vocab), dtype=torch.bool, device=self.dev)
+        new = new if new is not None else torch.zeros((n_new, self.vocab), dtype=torch.bool, device=self.dev)
+        return torch.cat([old, new], 0)
+
+    # --- the loop ----------------------------------------------------------------------------------
+    def run(self) -> None:
+        self.admit(list(range(len(self.handle.items))))
+        can_join = _can_merge(self.cache)
+        limit = self.s._batcher.max_batch_size
+        while self.active:
+            if can_join and len(self.active) < limit:
+                start = len(self.handle.items)
+                joined = self.handle.admit(limit - len(self.active))
+                if joined:
+                    self.admit(list(range(start, start + len(joined))))
+            tokens, lps = self._sample()
+            self.step += 1
+            tok_list, lp_list = tokens.tolist(), lps.tolist()
+            keep = []
+            for j, i in enumerate(self.active):
+                if self.checkers[i].add(tok_list[j], lp_list[j]):
+                    self.handle.finish(i, self._completion(i))
+                else:
+                    keep.append(j)
+            if not keep:
+                return
+            if len(keep) < len(self.active):
+                tokens = self._drop(keep, tokens)
+            self._forward(tokens)
+
+    def _sample(self) -> tuple[torch.Tensor, torch.Tensor]:
+        banned = None
+        if self.stop_mask is not None:
+            below = [len(self.checkers[i].token_ids) < self.checkers[i].min_tokens for i in self.active]
+            banned = self.stop_mask & torch.tensor(below, device=self.dev).unsqueeze(1)
+        uniforms = self.s._uniforms([self.gens[i] for i in self.active])
+        assert self.logits is not None
+        return sample_step(self.logits, self.rows, uniforms, self.seen, banned)
+
+    def _drop(self, keep: list[int], tokens: torch.Tensor) -> torch.Tensor:
+        """Remove finished rows from every tensor and the KV cache."""
+        idx = torch.tensor(keep, device=self.dev)
+        assert self.attn is not None
+        self.attn = self.attn[idx]
+        self.rows = {k: v[idx] for k, v in self.rows.items()}
+        if self.seen is not None:
+            self.seen = self.seen[idx]
+        if self.stop_mask is not None:
+            self.stop_mask = self.stop_mask[idx]
+        self.cache.batch_select_indices(idx)
+        self.active = [self.active[j] for j in keep]
+        return tokens[idx]
+
+    def _forward(self, tokens: torch.Tensor) -> None:
+        assert self.attn is not None
+        if self.seen is not None:
+            self.seen.scatter_(1, tokens.unsqueeze(1), True)
+        position_ids = self.attn.sum(-1, keepdim=True)
+        self.attn = torch.cat([self.attn, torch.ones((len(self.active), 1), dtype=self.attn.dtype, device=self.dev)], 1)
+        out = self.s.model(input_ids=tokens.unsqueeze(1), attention_mask=self.attn, position_ids=position_ids,
+                           use_cache=True, **{self.s._cache_kw: self.cache})
+        self.cache, self.logits = _cache_of(out), out.logits[:, -1, :]
+
+    def _completion(self, i: int) -> Completion:
+        c = self.checkers[i]
+        meta = {"policy_version": self.s.policy_version, "stop": c.matched_stop, **self.meta[i]}
+        return Completion(token_ids=c.token_ids, logprobs=c.logprobs, finish_reason=c.finish_reason or "length",
+                          text=c.text(), meta=meta)
+
+
+def _cache_of(out: Any) -> Any:
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else getattr(out, "past_key_values", None)

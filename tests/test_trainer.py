@@ -202,3 +202,16 @@ def test_multi_turn_step_rewards_train_with_gigpo(tmp_path: Any, tiny_model_dir:
     assert any(len(s) == 2 for s in per_row)
     trainer.train()
     assert metrics(tmp_path)[0]["num_turns"] == 2.0
+
+
+def test_mask_truncated_completions_leaves_them_out(tmp_path: Any, tiny_model_dir: str) -> None:
+    # 3 tokens are never enough to finish: every trajectory is length-truncated
+    args = config(tmp_path, max_completion_length=3, mask_truncated_completions=True, max_steps=1)
+    trainer = GRPOTrainer(tiny_model_dir, args=args, train_dataset=digits_dataset(16))
+    micro = trainer._generate_and_score()
+    truncated = trainer._gen_metrics["truncated_trajectories"]
+    assert truncated > 0
+    rows_trained = sum(int((mb["batch"].completion_mask.sum(-1) > 0).sum()) for mb in micro)
+    assert rows_trained == args.generation_batch_size - truncated
+    trainer.train()  # a step with nothing (or little) to train on still completes
+    assert trainer.state.global_step == 1

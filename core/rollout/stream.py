@@ -174,14 +174,26 @@ class TokenStream:
                 "(re-encode prompt_ids in on_trajectory_start) instead"
             )
         streamed = tk.decode(self.tokenizer, [t for turn in trajectory.turns[self.gen_start:] for t in turn.token_ids])
-        full = tk.render(self.tokenizer, synced, tools=self.tools)
         head = self.head[1] if self.head is not None and self.head[0] == last else None
-        closing = tk.assistant_closing(self.tokenizer, synced[:last], synced[last], streamed, tools=self.tools, head=head, full=full)
-        delta = tk.template_delta(self.tokenizer, synced, new, tools=self.tools, old=full)
-        self.head = (len(synced) + len(new), full + delta)
-        ids = tk.encode_text(self.tokenizer, closing + delta)
+        if head is None:
+            head = tk.render(self.tokenizer, synced[:last], add_generation_prompt=True, tools=self.tools)
+        after = tk.render(self.tokenizer, list(synced) + list(new), add_generation_prompt=True, tools=self.tools)
+        if not after.startswith(head):
+            raise tk.not_prefix_error(head, after, new)
+        if after[len(head):].startswith(streamed):
+            # common case, one render per turn: the template shows the assistant text as streamed,
+            # so everything after it (closing "\n", new messages, next header) is the observation
+            text = after[len(head) + len(streamed):]
+        else:  # the template rewrites assistant text (strip, <think> removal …): close it generically
+            full = tk.render(self.tokenizer, synced, tools=self.tools)
+            closing = tk.assistant_closing(self.tokenizer, synced[:last], synced[last], streamed, tools=self.tools, head=head, full=full)
+            if not after.startswith(full):
+                raise tk.not_prefix_error(full, after, new)
+            text = closing + after[len(full):]
+        self.head = (len(synced) + len(new), after)
+        ids = tk.encode_text(self.tokenizer, text)
         role = str(new[0].get("role") or "user")
-        trajectory.turns.append(Turn.observation(ids, role=role, text=closing + delta))
+        trajectory.turns.append(Turn.observation(ids, role=role, text=text))
         synced.extend(copy.deepcopy(list(new)))
         self.open = False
         self.gen_start = len(trajectory.turns)

@@ -80,14 +80,19 @@ def template_delta(
         old = render(tokenizer, messages_before, tools=tools) if messages_before else ""
     new = render(tokenizer, list(messages_before) + list(new_messages), add_generation_prompt=add_generation_prompt, tools=tools)
     if not new.startswith(old):
-        at = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
-        raise ChatTemplateError(
-            "the chat template is not prefix-preserving: adding "
-            f"{[m.get('role') for m in new_messages]} message(s) changes earlier text at char {at} "
-            f"({old[max(0, at - 20):at + 20]!r} became {new[max(0, at - 20):at + 20]!r}); "
-            "use a template that only appends (ChatML/Qwen style) or return response_token_ids from step"
-        )
+        raise not_prefix_error(old, new, new_messages)
     return new[len(old):]
+
+
+def not_prefix_error(old: str, new: str, new_messages: Sequence[dict[str, Any]]) -> ChatTemplateError:
+    """The one-line error for a template whose rendering of a longer conversation rewrites the start."""
+    at = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
+    return ChatTemplateError(
+        "the chat template is not prefix-preserving: adding "
+        f"{[m.get('role') for m in new_messages]} message(s) changes earlier text at char {at} "
+        f"({old[max(0, at - 20):at + 20]!r} became {new[max(0, at - 20):at + 20]!r}); "
+        "use a template that only appends (ChatML/Qwen style) or return response_token_ids from step"
+    )
 
 
 def encode_observation(

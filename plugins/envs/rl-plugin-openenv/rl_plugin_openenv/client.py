@@ -168,10 +168,11 @@ class OpenEnvSession:
         try:
             if ws is not None:
                 self.stats.sessions_closed += 1
-                try:
-                    await asyncio.wait_for(self._graceful_close(ws), self.options.close_timeout)
-                except (Exception, asyncio.TimeoutError):  # noqa: BLE001 - best effort; slot freed below
-                    pass
+                # a task of its own, shielded: a caller cancelled mid-close still ends the server session
+                task = asyncio.ensure_future(_quiet(self._graceful_close(ws), self.options.close_timeout))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+                await asyncio.shield(task)
         finally:
             self._release_slot()
 
@@ -320,11 +321,16 @@ class _CapacityReached(Exception):
             self.max_sessions = None
 
 
-async def _quiet_close(ws: Any, timeout: float) -> None:
+async def _quiet(coro: Any, timeout: float) -> None:
+    """Await ``coro`` for at most ``timeout`` seconds, swallowing every failure (best-effort cleanup)."""
     try:
-        await asyncio.wait_for(ws.close(), timeout)
+        await asyncio.wait_for(coro, timeout)
     except (Exception, asyncio.TimeoutError, asyncio.CancelledError):  # noqa: BLE001
         pass
+
+
+async def _quiet_close(ws: Any, timeout: float) -> None:
+    await _quiet(ws.close(), timeout)
 
 
 def _close_reason(exc: Any) -> str:

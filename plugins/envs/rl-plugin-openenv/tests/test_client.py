@@ -172,3 +172,15 @@ async def test_unreachable_server_fails_with_one_line():
     with pytest.raises(EnvError) as info:
         await session.reset()
     assert "\n" not in str(info.value) and "check the server is up" in str(info.value)
+
+
+async def test_close_finishes_even_when_the_caller_is_cancelled(server):
+    session = OpenEnvSession(server)
+    await session.reset()
+    closing = asyncio.create_task(session.close())
+    await asyncio.sleep(0)
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    assert not session.is_open
+    assert await wait_active(server, 0) == 0  # the shielded close still ended the server session

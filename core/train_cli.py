@@ -251,7 +251,10 @@ def run_plan(plan: TrainPlan) -> Any:
                           system_prompt=plan.system_prompt)
     interrupted = False
     try:
-        trainer.train(resume_from_checkpoint=args.resume_from_checkpoint or None)
+        resume: Any = args.resume_from_checkpoint or None
+        if isinstance(resume, str) and resume.lower() in ("true", "latest", "last"):
+            resume = True
+        trainer.train(resume_from_checkpoint=resume)
     except KeyboardInterrupt:
         interrupted = True
     if not interrupted and args.save_strategy != "no":
@@ -285,6 +288,8 @@ def _summary(console: Any, trainer: Any, wall: float, interrupted: bool) -> None
     rows = read_jsonl(trainer.args.output_dir)
     rewards = [r["reward"] for r in rows if r.get("reward") is not None]
     table = Table(title="interrupted" if interrupted else "done", show_header=False, expand=False)
+    table.add_column("what", style="bold", no_wrap=True)
+    table.add_column("value", overflow="fold")
     table.add_row("steps", str(trainer.state.global_step))
     if rewards:
         k = max(1, len(rewards) // 10)

@@ -144,6 +144,7 @@ class GRPOTrainer(Trainer):
         self._rollout_time = 0.0
         self._sampled_tokens = 0.0
         self._last_log_time: float | None = None
+        self._last_logged_step = 0
         self._generations = 0
         self.plot_paths: list[str] = []
         if not args.disable_tqdm:
@@ -324,8 +325,12 @@ class GRPOTrainer(Trainer):
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
         if "loss" in logs and "train_runtime" not in logs:
             now = time.perf_counter()
-            steps = max(1, self.state.global_step - getattr(self, "_last_logged_step", 0))
-            elapsed = now - (self._last_log_time or self._train_start)
+            if self._last_log_time is None:  # first log of this process (also after a resume)
+                steps = max(1, min(self.state.global_step, int(self.args.logging_steps)))
+                elapsed = now - getattr(self, "_train_start", now)
+            else:
+                steps = max(1, self.state.global_step - self._last_logged_step)
+                elapsed = now - self._last_log_time
             train = self._train_metrics.pop()
             rollout_time = self._rollout_time
             record: dict[str, Any] = {"step": self.state.global_step}

@@ -58,3 +58,17 @@ def test_completion_logprobs_match_model_logits(tiny_model_dir: str) -> None:
     (lp.sum()).backward()
     assert model.model.embed_tokens.weight.grad is not None
     assert float(model.model.layers[0].mlp.up_proj.weight.grad.abs().sum()) > 0
+
+
+def test_bfloat16_inputs_upcast_the_softmax() -> None:
+    g = torch.Generator().manual_seed(2)
+    h = torch.randn(20, 16, generator=g).to(torch.bfloat16).requires_grad_(True)
+    w = (torch.randn(300, 16, generator=g) * 0.3).to(torch.bfloat16).requires_grad_(True)
+    y = torch.randint(0, 300, (20,), generator=g)
+    lp, _ = selective_logprobs(h, w, y, chunk_size=7, temperature=0.8)
+    assert lp.dtype == torch.float32  # float32 logprobs from bf16 weights
+    ref = naive_logprobs(h.float() @ w.float().T, y, 0.8)
+    assert torch.allclose(lp, ref, atol=0.05)
+    lp.sum().backward()
+    assert h.grad.dtype == torch.bfloat16 and w.grad.dtype == torch.bfloat16
+    assert torch.isfinite(w.grad.float()).all()

@@ -333,3 +333,22 @@ async def test_ms_swift_tool_call_pattern_with_eos_inside(tok: Any) -> None:
     assert t.completion_ids[: len(first)] == first and all(lp is not None for lp in t.logprobs[: len(first)])
     assert sampler.calls[1][0] == t.prompt_ids + t.completion_ids[: len(sampler.calls[1][0]) - len(t.prompt_ids)]
     assert t.messages[-1]["content"] == "compute => 42. so 42" and t.logprobs_complete
+
+
+async def test_template_that_rewrites_assistant_text_still_closes_the_turn(tok: Any) -> None:
+    """A template that trims assistant content cannot show the sampled text verbatim; the engine
+    keeps the sampled tokens and appends only the generic closing ("\\n") before the next message."""
+    import copy
+
+    trim = copy.deepcopy(tok)
+    trim.chat_template = tok.chat_template.replace(
+        "{{ message['role'] }}\n{{ message['content'] }}", "{{ message['role'] }}\n{{ message['content'] | trim }}"
+    )
+    assert trim.chat_template != tok.chat_template
+    msgs = [{"role": "user", "content": "hi"}]
+    sampler = ScriptedSampler(["spaced out   ", "fine"], trim)
+    res = await run_rollouts(AskAgain(sampler, tokenizer=trim, max_turns=2), [Prompt(msgs, encode_prompt(trim, msgs))], progress=False)
+    t = res.trajectories[0]
+    assert t.status == "ok", t.reason
+    assert t.turns[0].token_ids == trim.encode("spaced out   ", add_special_tokens=False) + [trim.eos_token_id]
+    assert t.turns[1].text == "\n<|im_start|>user\nare you sure? (1)<|im_end|>\n<|im_start|>assistant\n"

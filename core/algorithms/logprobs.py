@@ -71,10 +71,12 @@ class _ChunkedSelectiveLogSoftmax(torch.autograd.Function):
             g.neg_()
             g.scatter_add_(-1, targets[s : s + chunk, None], torch.ones_like(g[:, :1]))
             g.mul_((grad_logps[s : s + chunk] / t)[:, None])
+            # matmuls run in the weights' dtype (bf16 stays fast); grad_w accumulates in float32
+            g_w = g.to(weight.dtype)
             if need_h:
-                grad_h[s : s + chunk] = (g.to(weight.dtype) @ weight).to(hidden.dtype)
+                grad_h[s : s + chunk] = (g_w @ weight).to(hidden.dtype)
             if need_w:
-                grad_w += g.t() @ h.to(acc)
+                grad_w += (g_w.t() @ h.to(weight.dtype)).to(acc)
             if need_b:
                 grad_b += g.sum(0)
         return (

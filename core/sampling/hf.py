@@ -181,10 +181,12 @@ class HFSampler(Sampler):
             was_training = self.model.training
             self.model.eval()
             try:
-                Decoder(self, handle).run()
+                last = Decoder(self, handle).run()
             finally:
                 if was_training:
                     self.model.train()
+        for index, completion in last:
+            handle.finish(index, completion)
 
     def _uniforms(self, gens: list[Any]) -> Any:
         """One uniform per row: from the row's own seeded generator, else the sampler's."""

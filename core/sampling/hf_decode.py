@@ -120,7 +120,10 @@ class Decoder:
         return torch.cat([old, new], 0)
 
     # --- the loop ----------------------------------------------------------------------------------
-    def run(self) -> None:
+    def run(self) -> list[tuple[int, Completion]]:
+        """Decode until every row is done. Rows that finish while others still decode are answered
+        at once; those of the last step are returned, for the caller to answer after restoring the
+        model's mode (a shared trainer module must be back in its own mode when the last waiter wakes)."""
         self.admit(list(range(len(self.handle.items))))
         can_join = _can_merge(self.cache)
         limit = self.s._batcher.max_batch_size
@@ -133,17 +136,18 @@ class Decoder:
             tokens, lps = self._sample()
             self.step += 1
             tok_list, lp_list = tokens.tolist(), lps.tolist()
-            keep = []
+            keep, done = [], []
             for j, i in enumerate(self.active):
-                if self.checkers[i].add(tok_list[j], lp_list[j]):
-                    self.handle.finish(i, self._completion(i))
-                else:
-                    keep.append(j)
+                (done if self.checkers[i].add(tok_list[j], lp_list[j]) else keep).append(j)
+            finished = [(self.active[j], self._completion(self.active[j])) for j in done]
             if not keep:
-                return
+                return finished
+            for i, completion in finished:
+                self.handle.finish(i, completion)
             if len(keep) < len(self.active):
                 tokens = self._drop(keep, tokens)
             self._forward(tokens)
+        return []
 
     def _sample(self) -> tuple[torch.Tensor, torch.Tensor]:
         banned = None

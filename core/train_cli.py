@@ -65,7 +65,8 @@ def _parser() -> Any:
 
     from .training.config import GRPOConfig
 
-    parser = HfArgumentParser(GRPOConfig, prog="rlcore train")
+    # allow_abbrev=False: plugin flags such as --env must not be read as a prefix of --env_options
+    parser = HfArgumentParser(GRPOConfig, prog="rlcore train", allow_abbrev=False)
 
     def error(message: str) -> None:
         raise ConfigError(message.splitlines()[0])

@@ -210,7 +210,11 @@ class GRPOTrainer(Trainer):
             if hasattr(r, "trainer_state"):
                 r.trainer_state = self.state
         hooks = RunHooks(*self.reward_objects)
+        errors_before = {r.name: getattr(r, "errors", 0) for r in self.reward_objects}
         columns = run_sync(compute_rewards(hooks, trajs, self.reward_weights))
+        self._reward_errors = {
+            f"reward_errors/{r.name}": float(getattr(r, "errors", 0) - errors_before[r.name]) for r in self.reward_objects
+        }
         rewards = torch.tensor([
             math.nan if (t.reward is None or t.status == "failed") else float(t.reward) for t in trajs
         ], dtype=torch.float32)
@@ -242,6 +246,10 @@ class GRPOTrainer(Trainer):
         batch = batch.to(self.args.device)
         self._attach_logps(batch)
         self._gen_metrics = rollout_metrics(trajs, columns, stats.zero_std_frac)
+        self._gen_metrics.update(getattr(self, "_reward_errors", {}))
+        scheduler_metrics = getattr(self.scheduler_obj, "metrics", None)
+        if callable(scheduler_metrics):  # e.g. openenv/* client counters (retries, timeouts, sessions)
+            self._gen_metrics.update({k: float(v) for k, v in scheduler_metrics().items()})
         self._rollout_time += time.perf_counter() - t0
         self._gen_metrics["rollout_only_time"] = t_rollout
         self._sampled_tokens += self._gen_metrics["sampled_tokens"]

@@ -215,3 +215,23 @@ def test_mask_truncated_completions_leaves_them_out(tmp_path: Any, tiny_model_di
     assert rows_trained == args.generation_batch_size - truncated
     trainer.train()  # a step with nothing (or little) to train on still completes
     assert trainer.state.global_step == 1
+
+
+def test_reward_errors_are_logged_per_reward(tmp_path: Any, tiny_model_dir: str) -> None:
+    calls = {"n": 0}
+
+    def flaky(completions: list[str]) -> list[float]:
+        # raises for every batch and every single sample of the first generation, then works
+        calls["n"] += 1
+        if calls["n"] <= 1 + 8:
+            raise RuntimeError("scorer offline")
+        return [1.0] * len(completions)
+
+    flaky.__name__ = "flaky"
+    args = config(tmp_path, reward_funcs=["digits"], max_steps=2)
+    trainer = GRPOTrainer(tiny_model_dir, args=args, train_dataset=digits_dataset(16), reward_funcs=[flaky])
+    trainer.train()
+    rows = metrics(tmp_path)
+    assert rows[0]["reward_errors/flaky"] == 8.0  # 2 prompts × 4 generations, each isolated and counted
+    assert rows[0]["reward_errors/digits"] == 0.0
+    assert rows[1]["reward_errors/flaky"] == 0.0 and rows[1]["rewards/flaky"] == 1.0

@@ -120,8 +120,15 @@ def completion_logprobs(
     :class:`rlcore.Batch`. Runs the decoder body once, then only the selected positions go through
     the ``lm_head``, in chunks."""
     body, head = _split_model(model)
-    out = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    if _is_data_parallel(model):
+        # DDP all-reduces gradients only for forwards that go through its wrapper. Ask the full model
+        # for the final hidden states and a single position of logits (not [B, T, V]).
+        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                    logits_to_keep=1, output_hidden_states=True)
+        hidden = out.hidden_states[-1]
+    else:
+        out = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     B, T = input_ids.shape
     sel = torch.zeros_like(completion_mask, dtype=torch.bool)
     sel[:, 1:] = completion_mask[:, 1:] > 0  # token t is predicted by the hidden state at t-1
@@ -137,6 +144,13 @@ def completion_logprobs(
         ent_full = torch.zeros((B, T), dtype=ent.dtype, device=input_ids.device)
         ent_full[rows, cols] = ent
     return logps, ent_full
+
+
+def _is_data_parallel(model: Any) -> bool:
+    """True for torch DDP / FSDP wrappers, whose gradient sync hooks need their own forward."""
+    return isinstance(model, torch.nn.parallel.DistributedDataParallel) or type(model).__name__ in (
+        "FullyShardedDataParallel", "FSDPModule",
+    )
 
 
 def _split_model(model: Any) -> tuple[Any, Any]:

@@ -7,8 +7,8 @@ single-process run's numbers. What changes:
 * prompts: every rank draws the same seeded generation batch and keeps its own slice of prompts
   (whole groups, so group-relative advantages see complete groups);
 * gradients: averaged over the ranks' process group (gloo on CPU, NCCL on GPU) once per
-  optimizer step, explicitly — the trainer's chunked logprobs call the decoder body directly,
-  which bypasses DDP's forward and with it DDP's own gradient hooks;
+  optimizer step — by DDP when the model is DDP-wrapped (the chunked logprobs then go through the
+  wrapper's forward), explicitly otherwise;
 * weight sync: rank 0 exports the policy and pushes it to every sampler worker (object store);
   the other ranks wait at a barrier so nobody samples with stale weights (sync mode);
 * checkpoints: only rank 0 writes them;
@@ -23,6 +23,7 @@ import concurrent.futures
 import time
 from typing import Any, Sequence
 
+from ..algorithms.logprobs import _is_data_parallel
 from ..trainer import GRPOTrainer
 from ..types import Trajectory
 from .staleness import filter_stale, staleness_metrics
@@ -68,8 +69,8 @@ class RayGRPOTrainer(GRPOTrainer):
     # --- gradients ---------------------------------------------------------------------------------------
     def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> Any:
         loss = super().training_step(model, inputs, num_items_in_batch)
-        if self.world > 1 and self.accelerator.sync_gradients:
-            allreduce_gradients(self.model)
+        if self.world > 1 and self.accelerator.sync_gradients and not _is_data_parallel(model):
+            allreduce_gradients(self.model)  # DDP-wrapped models were already synced by DDP
         return loss
 
     # --- weight sync ---------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -29,24 +30,28 @@ RESULTS = Path(__file__).parent / "results"
 
 
 class SleepyEnv:
-    def __init__(self, sleep: float) -> None:
-        self.sleep = sleep
+    def __init__(self, sleep: float, jitter: float = 0.0, seed: int = 0) -> None:
+        self.sleep, self.jitter = sleep, jitter
+        self.rng = random.Random(seed)
 
     def reset(self, request: Any):
         return "Count with me: say a number.", {}, None
 
     def step(self, action: str):
-        time.sleep(self.sleep)  # a blocking remote call
+        # a blocking remote call; with jitter its latency is uniform in sleep * [1 - jitter, 1 + jitter]
+        time.sleep(self.sleep * (1 + self.jitter * (2 * self.rng.random() - 1)))
         return "next number?", 0.0, False, {}
 
 
 class SleepyScheduler(EnvScheduler):
-    def __init__(self, *a: Any, sleep: float = 0.1, **kw: Any) -> None:
+    def __init__(self, *a: Any, sleep: float = 0.1, jitter: float = 0.0, **kw: Any) -> None:
         super().__init__(*a, **kw)
-        self.sleep = sleep
+        self.sleep, self.jitter = sleep, jitter
+        self._made = 0
 
     def make_env(self, trajectory):
-        return SleepyEnv(self.sleep)
+        self._made += 1
+        return SleepyEnv(self.sleep, self.jitter, seed=self._made)
 
     def check_finished(self, infer_request, response_choice, current_turn):
         return current_turn >= self.max_turns  # fixed-length turns end with "length"; keep going
@@ -91,6 +96,8 @@ async def main() -> None:
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--sleep", type=float, default=0.1)
+    ap.add_argument("--jitter", type=float, default=0.0, help="env latency varies by ±this fraction (0.9: 10-190 ms)")
+    ap.add_argument("--tag", default="", help="suffix of the result files (rollout_overlap<tag>.json/.png)")
     ap.add_argument("--model", default=None)
     ap.add_argument("--batch-window-ms", type=float, default=None, help="hf sampler batching window (default: its own)")
     ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds; the least-disturbed (min) of each is reported")
@@ -108,7 +115,7 @@ async def main() -> None:
     params = SamplingParams(max_tokens=args.tokens, min_tokens=args.tokens, temperature=1.0)
 
     def new_sched() -> SleepyScheduler:
-        return SleepyScheduler(sampler, tokenizer=tok, max_turns=args.turns, sleep=args.sleep, max_concurrent_envs=args.trajectories)
+        return SleepyScheduler(sampler, tokenizer=tok, max_turns=args.turns, sleep=args.sleep, jitter=args.jitter, max_concurrent_envs=args.trajectories)
 
     msgs = [{"role": "user", "content": "Count with me: say a number."}]
     prompts = [Prompt(msgs, encode_prompt(tok, msgs)) for _ in range(args.trajectories)]
@@ -146,7 +153,7 @@ async def main() -> None:
     sync_best = min(r["turn_sync_parallel_env_s"] for r in rounds)
     sync_ser = await turn_synchronous(new_sched(), prompts, params, parallel_env=False)
     out = {
-        "trajectories": args.trajectories, "turns": args.turns, "tokens_per_turn": args.tokens, "env_sleep_s": args.sleep,
+        "trajectories": args.trajectories, "turns": args.turns, "tokens_per_turn": args.tokens, "env_sleep_s": args.sleep, "env_jitter": args.jitter,
         "batch_window_ms": args.batch_window_ms, "rounds": len(rounds),
         "one_turn_batch_s": per_turn_min[0], "batch_s_per_turn": per_turn_min,
         "ideal_s": ideal_first, "ideal_per_turn_s": ideal_pt,
@@ -158,8 +165,8 @@ async def main() -> None:
         "torch_threads": torch.get_num_threads(),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "rollout_overlap.json").write_text(json.dumps(out, indent=2))
-    _plot(out)
+    (RESULTS / f"rollout_overlap{args.tag}.json").write_text(json.dumps(out, indent=2))
+    _plot(out, args.tag)
     print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items() if k != "rounds_detail"}, indent=2))
     await sampler.close()
 
@@ -177,7 +184,7 @@ def _prefix_before_turn(traj: Any, turn: int) -> list[int]:
     return ids
 
 
-def _plot(out: dict[str, Any]) -> None:
+def _plot(out: dict[str, Any], tag: str = "") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -191,9 +198,10 @@ def _plot(out: dict[str, Any]) -> None:
     for b, v in zip(bars, vals):
         ax.text(b.get_x() + b.get_width() / 2, v, f"{v:.2f}s\n({v / base:.2f}x)", ha="center", va="bottom", fontsize=8)
     ax.set_ylabel("wall time (s)")
-    ax.set_title(f"{out['trajectories']} trajectories x {out['turns']} turns, env step {out['env_sleep_s'] * 1000:.0f} ms, hf tiny model")
+    ax.set_title(f"{out['trajectories']} trajectories x {out['turns']} turns, env step {out['env_sleep_s'] * 1000:.0f} ms"
+                 + (f" ±{out['env_jitter']:.0%}" if out["env_jitter"] else "") + f", {out['tokens_per_turn']} tok/turn, hf tiny model", fontsize=9)
     fig.tight_layout()
-    fig.savefig(RESULTS / "rollout_overlap.png", dpi=120)
+    fig.savefig(RESULTS / f"rollout_overlap{tag}.png", dpi=120)
 
 
 if __name__ == "__main__":

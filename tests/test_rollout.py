@@ -352,3 +352,27 @@ async def test_template_that_rewrites_assistant_text_still_closes_the_turn(tok: 
     assert t.status == "ok", t.reason
     assert t.turns[0].token_ids == trim.encode("spaced out   ", add_special_tokens=False) + [trim.eos_token_id]
     assert t.turns[1].text == "\n<|im_start|>user\nare you sure? (1)<|im_end|>\n<|im_start|>assistant\n"
+
+
+class SwiftConstructed(MultiTurnScheduler):
+    """A scheduler with ms-swift's constructor shape, forwarding its arguments positionally."""
+
+    def __init__(self, infer_engine=None, max_turns=None, *args, **kwargs):
+        super().__init__(infer_engine, max_turns, *args, **kwargs)
+        self.built_with = (infer_engine, max_turns)
+
+    def step(self, infer_request, response_choice, current_turn):
+        infer_request.messages.append({"role": "user", "content": "again"})
+        return {"infer_request": infer_request}
+
+
+async def test_ms_swift_constructor_shape_works_through_build_scheduler(tok: Any) -> None:
+    from rlcore.rollout import build_scheduler
+
+    sampler = ScriptedSampler(["one", "two", "three"], tok)
+    # what `rlcore rollout` and `rlcore train` do with a registered factory and CLI options
+    sched = build_scheduler(SwiftConstructed, sampler, tok, max_turns=3, sampling_params=PARAMS)
+    assert sched.built_with == (None, 3) and sched.sampler is sampler and sched.tokenizer is tok
+    res = await run_rollouts(sched, prompts(tok, 1), num_generations=1, sampling_params=PARAMS, progress=False)
+    (t,) = res.trajectories
+    assert t.num_turns == 3 and [m["content"] for m in t.messages if m["role"] == "user"][1:] == ["again", "again"]

@@ -5,7 +5,14 @@ Import cost stays low (no torch): registration modules import this package.
 
 from .driver import RolloutResult, make_trajectories, run_rollouts
 from .env_scheduler import EnvScheduler
-from .scheduler import MultiTurnScheduler, RolloutOutput, RolloutScheduler, SchedulerHooks, merge_turn_results
+from .scheduler import (
+    MultiTurnScheduler,
+    RolloutOutput,
+    RolloutScheduler,
+    SchedulerHooks,
+    build_scheduler,
+    merge_turn_results,
+)
 from .stream import INLINE_ROLE, MessagesEditError, TokenStream
 from .tokens import ChatTemplateError, encode_observation, encode_prompt, render, template_delta
 from .tools import EnvTool, ToolCall, ToolManager, ToolScheduler, parse_tool_calls
@@ -25,6 +32,7 @@ __all__ = [
     "ToolCall",
     "ToolManager",
     "ToolScheduler",
+    "build_scheduler",
     "encode_observation",
     "encode_prompt",
     "make_trajectories",

@@ -66,6 +66,7 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
     from ..rewards import as_reward, compute_rewards
     from ..types import SamplingParams
     from .driver import run_rollouts
+    from .scheduler import build_scheduler
     from .options import plugin_options
 
     scheduler_factory = registry.get("scheduler", opts["scheduler"])
@@ -87,9 +88,7 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
             raise ConfigError(f"sampler {opts['sampler']!r} has no tokenizer; it is needed to encode prompts")
         if opts["max_turns"] is not None:
             sched_opts["max_turns"] = opts["max_turns"]
-        scheduler = scheduler_factory(sampler=sampler, **sched_opts)
-        if getattr(scheduler, "tokenizer", None) is None:
-            scheduler.tokenizer = tokenizer
+        scheduler = build_scheduler(scheduler_factory, sampler, tokenizer, **sched_opts)
         prompts = load_prompts(
             opts["dataset"], tokenizer, split=opts["split"], prompt_column=opts["prompt_column"],
             system_prompt=opts["system_prompt"], limit=opts["limit"] or None, tools=getattr(scheduler, "tools", None),

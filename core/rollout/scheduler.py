@@ -76,9 +76,9 @@ class RolloutScheduler:
     def __init__(
         self,
         sampler: Any = None,
+        max_turns: int | None = None,
         *,
         tokenizer: Any = None,
-        max_turns: int | None = None,
         sampling_params: SamplingParams | None = None,
         max_total_tokens: int | None = None,
         tools: list[dict[str, Any]] | None = None,
@@ -278,3 +278,18 @@ class SchedulerHooks:
     @hookimpl
     async def check_finished(self, trajectory: Trajectory, completion: Completion, turn: int) -> Any:
         return await await_me_maybe(self.scheduler.check_finished(trajectory, completion, turn))
+
+
+def build_scheduler(factory: Any, sampler: Any = None, tokenizer: Any = None, **options: Any) -> Any:
+    """Construct a registered scheduler and attach ``sampler``/``tokenizer`` afterwards.
+
+    The sampler is not passed to the constructor so that schedulers written the ms-swift way —
+    ``def __init__(self, infer_engine=None, max_turns=None, *args, **kwargs)`` forwarding
+    ``super().__init__(infer_engine, max_turns, *args, **kwargs)`` — work unchanged.
+    """
+    scheduler = factory(**options)
+    if getattr(scheduler, "sampler", None) is None:
+        scheduler.sampler = sampler
+    if getattr(scheduler, "tokenizer", None) is None:
+        scheduler.tokenizer = tokenizer
+    return scheduler

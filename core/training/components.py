@@ -11,6 +11,7 @@ from typing import Any, Callable, Sequence
 from ..plugins import get as get_component
 from ..errors import ConfigError, MissingDependencyError
 from ..rewards import Reward, as_reward
+from ..rollout.scheduler import build_scheduler
 from ..types import SamplingParams
 from .config import GRPOConfig
 
@@ -103,7 +104,7 @@ def make_scheduler(args: GRPOConfig, sampler: Any, tokenizer: Any, scheduler: An
     opts: dict[str, Any] = {**(args.env_options or {}), **(args.scheduler_options or {})}
     if args.max_turns is not None:
         opts["max_turns"] = args.max_turns
-    return factory(sampler=sampler, tokenizer=tokenizer, sampling_params=sampling_params(args), **opts)
+    return build_scheduler(factory, sampler, tokenizer, sampling_params=sampling_params(args), **opts)
 
 
 def make_rewards(args: GRPOConfig, reward_funcs: Sequence[Any] | None) -> tuple[list[Reward], dict[str, float]]:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import torch
 
 import rlcore
 from rlcore import SamplerError, SamplingParams
+from rlcore.sampling.batcher import MicroBatcher
 from rlcore.sampling.hf import HFSampler
 
 
@@ -233,3 +235,56 @@ async def test_late_requests_join_the_running_batch_and_short_ones_leave_early(s
         assert torch.allclose(torch.tensor(c.logprobs), ref, atol=1e-4)
     alone = await sampler.generate(prompts[1], short)
     assert alone.token_ids == joined[0].token_ids  # seeded rows do not depend on their batch
+
+
+def test_trickling_requests_gather_into_one_batch() -> None:
+    # the window restarts on each arrival: five requests 15 ms apart span 60 ms, twice the window,
+    # and still form one batch (a window fixed from the first arrival split them [2, 2, 1] or so)
+    seen: list[list[int]] = []
+    b: MicroBatcher[int] = MicroBatcher(lambda batch: seen.append(batch) or batch, window_s=0.03, max_wait_s=1.0)
+    futs = []
+    for i in range(5):
+        futs.append(b.submit(i))
+        time.sleep(0.015)
+    assert [f.result(5) for f in futs] == list(range(5))
+    assert seen == [[0, 1, 2, 3, 4]]
+    b.close()
+
+
+async def test_staggered_joiners_are_prefilled_together(tiny_model_dir: str, prompts) -> None:
+    s = HFSampler(tiny_model_dir, batch_window_ms=1, join_window_ms=150, seed=0)
+    try:
+        long_params = SamplingParams(max_tokens=400, temperature=1.0, seed=41, stop_token_ids=[-1])
+        short = SamplingParams(max_tokens=4, temperature=0.9, stop_token_ids=[-1])
+        long_task = asyncio.ensure_future(s.generate(prompts[2], long_params))
+        while not s.batch_sizes:
+            await asyncio.sleep(0.005)
+        joiners = []
+        for k, p in enumerate((prompts[0], prompts[3], prompts[4])):  # staggered arrivals
+            joiners.append(asyncio.ensure_future(s.generate(p, short.replace(seed=50 + k))))
+            await asyncio.sleep(0.02)
+        joined = await asyncio.gather(*joiners)
+        long_c = await long_task
+        assert s.batch_sizes == [4]
+        # one prefill for the three, not one each: they joined at the same step
+        assert len({c.meta["joined_at_step"] for c in joined}) == 1 and joined[0].meta["joined_at_step"] > 0
+        for p, c, t in ((prompts[2], long_c, 1.0), *((p, c, 0.9) for p, c in zip((prompts[0], prompts[3], prompts[4]), joined))):
+            ref = recompute_logprobs(s.model, p, c.token_ids, t)
+            assert torch.allclose(torch.tensor(c.logprobs), ref, atol=1e-4)
+    finally:
+        await s.close()
+
+
+async def test_padding_left_behind_by_finished_rows_is_trimmed(sampler: HFSampler, prompts) -> None:
+    # a long prompt that stops early and a short prompt that goes on: once the long row leaves, the
+    # short row's cache is trimmed back to its own length (else every later step carries the padding)
+    long_prompt, short_prompt = prompts[1], prompts[2]
+    assert len(long_prompt) > len(short_prompt) + 3
+    base = SamplingParams(max_tokens=3, temperature=1.0, stop_token_ids=[-1])
+    quick, slow = await asyncio.gather(
+        sampler.generate(long_prompt, base.replace(seed=61)), sampler.generate(short_prompt, base.replace(seed=62, max_tokens=20)),
+    )
+    assert quick.meta["batch_size"] == slow.meta["batch_size"] == 2
+    assert slow.meta["padded_len"] == len(short_prompt) + len(slow.token_ids) - 1
+    ref = recompute_logprobs(sampler.model, short_prompt, slow.token_ids, 1.0)
+    assert torch.allclose(torch.tensor(slow.logprobs), ref, atol=1e-4)

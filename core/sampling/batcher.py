@@ -1,4 +1,10 @@
-"""Micro-batching by arrival: requests that arrive within a short window run as one batch.
+"""Micro-batching by arrival: requests that arrive close together run as one batch.
+
+The window restarts on every arrival (a batch closes after ``window_s`` with no new request),
+capped by ``max_wait_s`` from the first arrival and by ``max_batch_size``. Why not a window fixed
+from the first arrival: under load, requests trickle in (64 trajectories finishing their env
+steps a few ms apart); a fixed window closes on the first one or few, which then decode alone
+while the rest queue behind them — a rollout turn split into batches of [1, 63].
 
 Why a worker thread and not an asyncio task: the model's forward loop is blocking work that must
 not stall the event loop every trajectory runs on, and a thread-owned queue works from whichever
@@ -43,6 +49,17 @@ class BatchHandle(Generic[Req]):
         if not fut.done():
             fut.set_result(result)
 
+    def waiting(self) -> tuple[int, float | None]:
+        """How many requests are queued behind this batch, and when the oldest arrived
+        (``time.monotonic()``); never blocks. Lets the backend gather joiners before admitting."""
+        q = self._batcher._queue
+        with q.mutex:
+            n = len(q.queue)
+            head = q.queue[0] if n else None
+        if head is None or head is _STOP:
+            return 0, None
+        return n, head[2]
+
     def admit(self, limit: int) -> list[Req]:
         """Up to ``limit`` queued requests (never blocks); they get the next indices."""
         taken: list[Req] = []
@@ -54,7 +71,7 @@ class BatchHandle(Generic[Req]):
             if item is _STOP:
                 self._batcher._queue.put(_STOP)
                 break
-            req, fut = item
+            req, fut, _ = item
             if fut.set_running_or_notify_cancel():
                 self.items.append((req, fut))
                 taken.append(req)
@@ -64,15 +81,17 @@ class BatchHandle(Generic[Req]):
 
 
 class MicroBatcher(Generic[Req]):
-    """Collects requests for up to ``window_s`` after the first one (or ``max_batch_size`` of them)
-    and hands each batch to ``run_batch(requests) -> results`` on one worker thread — or, with
-    ``streaming=True``, to ``run_batch(handle)`` which answers through a :class:`BatchHandle`."""
+    """Collects requests until none arrives for ``window_s`` (at most ``max_wait_s`` after the first,
+    default four windows; at most ``max_batch_size`` of them) and hands each batch to
+    ``run_batch(requests) -> results`` on one worker thread — or, with ``streaming=True``, to
+    ``run_batch(handle)`` which answers through a :class:`BatchHandle`."""
 
     def __init__(
         self,
         run_batch: Callable[[list[Req]], list[Any]],
         *,
         window_s: float = 0.005,
+        max_wait_s: float | None = None,
         max_batch_size: int = 64,
         name: str = "rlcore-sampler",
         streaming: bool = False,
@@ -80,6 +99,7 @@ class MicroBatcher(Generic[Req]):
         self.run_batch = run_batch
         self.streaming = streaming
         self.window_s = max(0.0, window_s)
+        self.max_wait_s = max(self.window_s, 4 * self.window_s if max_wait_s is None else max_wait_s)
         self.max_batch_size = max(1, max_batch_size)
         self.name = name
         self._queue: queue.Queue[Any] = queue.Queue()
@@ -95,7 +115,7 @@ class MicroBatcher(Generic[Req]):
             raise SamplerError(f"{self.name} is closed; create a new sampler")
         self._ensure_thread()
         fut: concurrent.futures.Future = concurrent.futures.Future()
-        self._queue.put((request, fut))
+        self._queue.put((request, fut, time.monotonic()))
         return fut
 
     async def submit_async(self, request: Req) -> Any:
@@ -111,10 +131,11 @@ class MicroBatcher(Generic[Req]):
         first = self._queue.get()
         if first is _STOP:
             return None
-        batch = [first]
-        deadline = time.monotonic() + self.window_s
+        batch = [first[:2]]
+        now = time.monotonic()
+        cap, deadline = now + self.max_wait_s, now + self.window_s
         while len(batch) < self.max_batch_size:
-            remaining = deadline - time.monotonic()
+            remaining = min(deadline, cap) - time.monotonic()
             try:
                 item = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
             except queue.Empty:
@@ -122,7 +143,8 @@ class MicroBatcher(Generic[Req]):
             if item is _STOP:
                 self._queue.put(_STOP)  # finish this batch, then stop
                 break
-            batch.append(item)
+            batch.append(item[:2])
+            deadline = time.monotonic() + self.window_s  # restart: more may be on their way
         return batch
 
     def _loop(self) -> None:
@@ -170,7 +192,7 @@ class MicroBatcher(Generic[Req]):
                 break
             if item is not _STOP:
                 pending.append(item)
-        for _, f in pending:
+        for _, f, _t in pending:
             if f.set_running_or_notify_cancel():
                 f.set_exception(SamplerError(f"{self.name} was closed before this request ran"))
         thread = self._thread

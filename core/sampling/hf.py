@@ -27,6 +27,11 @@ from .batcher import BatchHandle, MicroBatcher
 from .stops import StopChecker, default_stop_ids
 
 
+#: forwards below this many FLOPs (~2 x parameters x new tokens) run on one CPU thread: OpenMP's
+#: fork/join per op costs more than it saves there, and far more when the cores are shared
+PARALLEL_MIN_FLOPS = 2e8
+
+
 @attrs.define
 class _Request:
     prompt_ids: list[int]
@@ -43,13 +48,22 @@ class HFSampler(Sampler):
         device: where to run (default: the module's device, else CUDA when available, else CPU).
         dtype: ``torch.dtype`` or name for a model loaded from a path (default float32 on CPU,
             bfloat16 on CUDA). Ignored for a given module.
-        batch_window_ms: how long the first request of a batch waits for others to arrive.
+        batch_window_ms: a new batch closes once no request arrived for this long (the window
+            restarts on each arrival, so a trickle of requests is gathered rather than split).
+        max_batch_wait_ms: the most the first request of a new batch waits (default 4 windows).
+        join_window_ms: requests arriving while a batch decodes are gathered until the oldest has
+            waited this long (or they fill every free row), then prefilled together and merged
+            into the batch: one extra forward per group of joiners, not per joiner.
         max_batch_size: the most sequences decoded together.
         max_model_len: prompt + completion limit (default: the model's ``max_position_embeddings``).
         seed: seeds the generator used by requests without their own seed.
-        num_threads: CPU threads the decode loop's torch ops use (set on the sampler's worker
-            thread only). On a busy, oversubscribed CPU, 1 avoids OpenMP threads spinning against
-            each other — small decode steps were measured 10-20x slower with 2 threads than 1 there.
+        num_threads: CPU threads every forward of the decode loop uses (set on the sampler's worker
+            thread only). Default on CPU: small forwards (decode steps, a few joiners' prefill —
+            under ``PARALLEL_MIN_FLOPS``) run on one thread and larger ones on all cores but one.
+            Why: an async rollout runs the event loop (chat templates, tokenising, env I/O) beside
+            the decode loop, and hosts are shared; an OpenMP op whose threads are descheduled
+            stalls on its barrier — small forwards on 2 threads next to another torch process were
+            measured 15-40x slower than on 1, while 2 threads gain at most ~1.3x when the CPU is idle.
     """
 
     name = "hf"
@@ -62,6 +76,8 @@ class HFSampler(Sampler):
         device: Any = None,
         dtype: Any = None,
         batch_window_ms: float = 5.0,
+        max_batch_wait_ms: float | None = None,
+        join_window_ms: float = 5.0,
         max_batch_size: int = 64,
         max_model_len: int | None = None,
         seed: int | None = None,
@@ -73,7 +89,7 @@ class HFSampler(Sampler):
         if opts:
             raise ConfigError(
                 f"hf sampler got unknown options: {', '.join(sorted(opts))}; it takes device, dtype, "
-                "batch_window_ms, max_batch_size, max_model_len, seed, num_threads"
+                "batch_window_ms, max_batch_wait_ms, join_window_ms, max_batch_size, max_model_len, seed, num_threads"
             )
         self.owns_model = isinstance(model, (str, os.PathLike))
         if self.owns_model:
@@ -98,9 +114,12 @@ class HFSampler(Sampler):
         self._lock = threading.RLock()  # a batch and a weight load never overlap
         self._asleep = False
         self.num_threads = num_threads
+        self._n_params = sum(p.numel() for p in self.model.parameters())
+        self._spare_cores = _spare_cores()
+        self.join_window_s = max(0.0, join_window_ms / 1000.0)
         self._batcher: MicroBatcher[_Request] = MicroBatcher(
             self._run_batch, window_s=batch_window_ms / 1000.0, max_batch_size=max_batch_size, name="hf sampler",
-            streaming=True,
+            max_wait_s=None if max_batch_wait_ms is None else max_batch_wait_ms / 1000.0, streaming=True,
         )
 
     # --- the protocol ---------------------------------------------------------------------------------
@@ -168,13 +187,26 @@ class HFSampler(Sampler):
         if self._asleep:
             raise SamplerError("hf sampler is asleep; call wake_up() before generating")
 
+    def set_threads_for(self, tokens: int) -> None:
+        """Pick the intra-op threads for a forward over ``tokens`` new tokens (see ``num_threads``)."""
+        import torch
+
+        if self.device.type != "cpu":
+            return
+        if self.num_threads:
+            want = self.num_threads
+        elif 2 * self._n_params * tokens < PARALLEL_MIN_FLOPS:
+            want = 1
+        else:
+            want = self._spare_cores
+        if torch.get_num_threads() != want:
+            torch.set_num_threads(want)  # per-thread: the worker's setting only
+
     def _run_batch(self, handle: BatchHandle[_Request]) -> None:
         import torch
 
         from .hf_decode import Decoder
 
-        if self.num_threads and torch.get_num_threads() != self.num_threads:
-            torch.set_num_threads(self.num_threads)  # per-thread: the worker's setting only
         with self._lock, torch.inference_mode():
             # eval for the duration: no dropout, no gradient checkpointing (it would drop the KV
             # cache); a shared trainer module gets its own mode back
@@ -197,6 +229,17 @@ class HFSampler(Sampler):
             if g is not None:
                 u[j] = torch.rand(1, generator=g)[0]
         return u
+
+
+def _spare_cores() -> int:
+    """Cores this process may use, less one for the event loop, capped by torch's default."""
+    import torch
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(torch.get_num_threads(), cores - 1))
 
 
 def _load_model(path: str, device: Any, dtype: Any) -> Any:

@@ -6,10 +6,20 @@ the cache; requests that arrive while the batch decodes are prefilled and merged
 next step (their cache is left-padded to the batch's length, or the batch's to theirs), instead
 of waiting for the longest completion of the batch. Positions come from the attention mask, so
 padding never shifts a row, and every row keeps its own sampling parameters and seed.
+
+What a join costs, and why joiners are gathered: admitting is one prefill forward (all joiners
+together, as one left-padded batch) plus one concatenation of the cache along the batch axis — the
+same order of work as a decode step, whose ``DynamicLayer.update`` already copies the cache. When
+requests trickle in (env steps of uneven latency finish a few ms apart), admitting each at the next
+step means one extra forward per step; so joiners wait until ``join_window_s`` has passed since the
+oldest arrived, or until they fill every free row, and are prefilled together. Columns that became
+padding for every row (the rows that owned them left) are trimmed, so a batch that lives for a whole
+rollout keeps a cache as long as its longest live row, not as long as the rollout.
 """
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -58,6 +68,7 @@ class Decoder:
         self.seen: torch.Tensor | None = None
         self.stop_mask: torch.Tensor | None = None
         self.step = 0
+        self.plain_cache = False  # full-attention dynamic layers only: safe to merge and trim
 
     # --- rows joining ----------------------------------------------------------------------------
     def admit(self, indices: list[int]) -> None:
@@ -72,6 +83,7 @@ class Decoder:
             ids[j, L - lens[j]:] = torch.tensor(r.prompt_ids, dtype=torch.long)
             attn[j, L - lens[j]:] = 1
         ids, attn = ids.to(self.dev), attn.to(self.dev)
+        self.s.set_threads_for(int(attn.sum()))
         out = self.s.model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp_(min=0),
                            use_cache=True, logits_to_keep=1)
         cache, logits = _cache_of(out), out.logits[:, -1, :]
@@ -125,14 +137,11 @@ class Decoder:
         at once; those of the last step are returned, for the caller to answer after restoring the
         model's mode (a shared trainer module must be back in its own mode when the last waiter wakes)."""
         self.admit(list(range(len(self.handle.items))))
-        can_join = _can_merge(self.cache)
+        can_join = self.plain_cache = _can_merge(self.cache)
         limit = self.s._batcher.max_batch_size
         while self.active:
             if can_join and len(self.active) < limit:
-                start = len(self.handle.items)
-                joined = self.handle.admit(limit - len(self.active))
-                if joined:
-                    self.admit(list(range(start, start + len(joined))))
+                self._maybe_admit(limit - len(self.active))
             tokens, lps = self._sample()
             self.step += 1
             tok_list, lp_list = tokens.tolist(), lps.tolist()
@@ -148,6 +157,19 @@ class Decoder:
                 tokens = self._drop(keep, tokens)
             self._forward(tokens)
         return []
+
+    def _maybe_admit(self, free: int) -> None:
+        """Admit queued requests as one prefill once they fill the free rows or the oldest has
+        waited ``join_window_s`` (see the module docstring for why not one by one)."""
+        waiting, oldest = self.handle.waiting()
+        if not waiting or oldest is None:
+            return
+        if waiting < free and time.monotonic() - oldest < self.s.join_window_s:
+            return
+        start = len(self.handle.items)
+        joined = self.handle.admit(free)
+        if joined:
+            self.admit(list(range(start, start + len(joined))))
 
     def _sample(self) -> tuple[torch.Tensor, torch.Tensor]:
         banned = None
@@ -170,7 +192,20 @@ class Decoder:
             self.stop_mask = self.stop_mask[idx]
         self.cache.batch_select_indices(idx)
         self.active = [self.active[j] for j in keep]
+        self._trim()
         return tokens[idx]
+
+    def _trim(self) -> None:
+        """Drop leading columns that are padding in every remaining row."""
+        assert self.attn is not None
+        if not self.plain_cache:
+            return
+        first = int(self.attn.any(0).to(torch.int8).argmax())
+        if first <= 0:
+            return
+        self.attn = self.attn[:, first:]
+        for layer in self.cache.layers:
+            layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
 
     def _forward(self, tokens: torch.Tensor) -> None:
         assert self.attn is not None
@@ -178,13 +213,16 @@ class Decoder:
             self.seen.scatter_(1, tokens.unsqueeze(1), True)
         position_ids = self.attn.sum(-1, keepdim=True)
         self.attn = torch.cat([self.attn, torch.ones((len(self.active), 1), dtype=self.attn.dtype, device=self.dev)], 1)
+        self.s.set_threads_for(len(self.active))
         out = self.s.model(input_ids=tokens.unsqueeze(1), attention_mask=self.attn, position_ids=position_ids,
                            use_cache=True, **{self.s._cache_kw: self.cache})
         self.cache, self.logits = _cache_of(out), out.logits[:, -1, :]
 
     def _completion(self, i: int) -> Completion:
         c = self.checkers[i]
-        meta = {"policy_version": self.s.policy_version, "stop": c.matched_stop, **self.meta[i]}
+        assert self.attn is not None  # padded_len: the cache columns this row carried at the end
+        meta = {"policy_version": self.s.policy_version, "stop": c.matched_stop, "padded_len": int(self.attn.shape[1]),
+                **self.meta[i]}
         return Completion(token_ids=c.token_ids, logprobs=c.logprobs, finish_reason=c.finish_reason or "length",
                           text=c.text(), meta=meta)
 

@@ -65,6 +65,11 @@ class GuessNumberEnvironment(Environment[GuessAction, GuessObservation, GuessSta
     """
 
     SUPPORTS_CONCURRENT_SESSIONS = True
+    #: OpenEnv otherwise starts a new worker thread per session just to construct (and later close)
+    #: the environment: 64 sessions opening at once = 64 thread starts and shutdowns on the server's
+    #: critical path. Construction and close are cheap here and reset/step run on the event loop
+    #: (``*_async`` below), so one shared worker serves every session.
+    REQUIRES_SINGLE_THREAD_EXECUTOR = True
 
     #: environments alive on this server process (a session holds one): lets tests see leaks
     live = 0

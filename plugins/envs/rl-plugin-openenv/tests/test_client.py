@@ -184,3 +184,22 @@ async def test_close_finishes_even_when_the_caller_is_cancelled(server):
         await closing
     assert not session.is_open
     assert await wait_active(server, 0) == 0  # the shielded close still ended the server session
+
+
+async def test_steps_of_many_sessions_overlap_and_sessions_share_one_server_worker():
+    """The server awaits each session's slow step (never a blocking sleep), so 16 steps of 0.3 s
+    take ~0.3 s, not 16 x; and opening 16 sessions does not start 16 server threads."""
+    import threading
+
+    with ServerThread(max_concurrent_envs=16, step_delay=0.3) as url:
+        sessions = [OpenEnvSession(url) for _ in range(16)]
+        before = threading.active_count()
+        await asyncio.gather(*(s.reset(target=50) for s in sessions))
+        assert threading.active_count() - before <= 2  # one shared construction worker, not one per session
+        t0 = time.perf_counter()
+        replies = await asyncio.gather(*(s.step({"guess": 10}) for s in sessions))
+        wall = time.perf_counter() - t0
+        await asyncio.gather(*(s.close() for s in sessions))
+        assert all("too low" in r.observation["text"] for r in replies)
+        assert 0.3 <= wall < 1.5, f"16 concurrent 0.3 s steps took {wall:.2f}s: the server serialised them"
+        assert await wait_active(url, 0) == 0

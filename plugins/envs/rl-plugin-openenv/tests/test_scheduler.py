@@ -10,23 +10,12 @@ import httpx
 import pytest
 import rlcore
 from rlcore.rollout import run_rollouts
-from rlcore.testing import ScriptedSampler, build_tokenizer
+from rlcore.testing import ScriptedSampler
 from rlcore.types import Prompt, SamplingParams
 
 from rl_plugin_openenv.scheduler import OpenEnvScheduler
 from rl_plugin_openenv.server import ServerThread, free_port
 from rl_plugin_openenv.testing import ServerProcess
-
-
-@pytest.fixture(scope="module")
-def server():
-    with ServerThread(max_concurrent_envs=4) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
 
 
 def rows(n: int, **env_config) -> list[Prompt]:

@@ -7,22 +7,11 @@ import json
 import pytest
 import rlcore
 from rlcore.rollout import render, run_rollouts
-from rlcore.testing import ScriptedSampler, build_tokenizer
+from rlcore.testing import ScriptedSampler
 from rlcore.types import Prompt, SamplingParams
 
 from rl_plugin_openenv.server import ServerThread
 from rl_plugin_openenv.tools import discover_tools
-
-
-@pytest.fixture(scope="module")
-def server():
-    with ServerThread(max_concurrent_envs=4) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
 
 
 def call(name: str, **arguments) -> str:

@@ -176,7 +176,11 @@ class GRPOTrainer(Trainer):
 
     # --- one generation step ----------------------------------------------------------------------------
     def _next_prompts(self) -> list[Any]:
+        """This process's prompts of the next generation batch. Every data-parallel rank walks the
+        same seeded order and keeps every ``world_size``-th prompt (whole groups, so group-relative
+        advantages see complete groups)."""
         idx = self.cursor.take(self.args.prompts_per_generation)
+        idx = idx[int(self.args.process_index) :: max(1, int(self.args.world_size))]
         return [make_prompt(self.rows[i], self.processing_class, self.has_prompt, self.prompt_column,
                             self.args.max_prompt_length, self.system_prompt) for i in idx]
 

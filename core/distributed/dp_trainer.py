@@ -4,8 +4,8 @@ Everything the single-process trainer does (rollout, rewards, advantages, logpro
 checkpoints, metrics) is inherited unchanged, which is what makes a 1-trainer Ray run reproduce a
 single-process run's numbers. What changes:
 
-* prompts: every rank draws the same seeded generation batch and keeps its own slice of prompts
-  (whole groups, so group-relative advantages see complete groups);
+* prompts: as in the plain trainer, every rank draws the same seeded generation batch and keeps its
+  own slice of prompts (whole groups, so group-relative advantages see complete groups);
 * gradients: averaged over the ranks' process group (gloo on CPU, NCCL on GPU) once per
   optimizer step — by DDP when the model is DDP-wrapped (the chunked logprobs then go through the
   wrapper's forward), explicitly otherwise;
@@ -53,7 +53,7 @@ class RayGRPOTrainer(GRPOTrainer):
         self.weight_sync = weight_sync
         self.broadcast_backend = broadcast_backend
 
-    # --- data parallel: this rank's share of the prompts -------------------------------------------
+    # --- data parallel: this process's rank and the group size ---------------------------------------
     @property
     def rank(self) -> int:
         return int(self.args.process_index)
@@ -61,10 +61,6 @@ class RayGRPOTrainer(GRPOTrainer):
     @property
     def world(self) -> int:
         return int(self.args.world_size)
-
-    def _next_prompts(self) -> list[Any]:
-        prompts = super()._next_prompts()
-        return prompts[self.rank :: self.world]
 
     # --- gradients ---------------------------------------------------------------------------------------
     def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> Any:

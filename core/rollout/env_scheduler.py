@@ -62,6 +62,20 @@ class EnvScheduler(MultiTurnScheduler):
         """The user-message text for an observation (default: ``str``)."""
         return observation if isinstance(observation, str) else str(observation)
 
+    def seed_conversation(self, trajectory: Trajectory, observation: Any, system_message: str | None) -> None:
+        """Messages = [system] + user(first observation); prompt ids re-encoded from them.
+
+        The row's own system message is kept when the environment gives none.
+        """
+        messages: list[dict[str, Any]] = []
+        if system_message:
+            messages.append({"role": "system", "content": str(system_message)})
+        elif trajectory.messages and trajectory.messages[0].get("role") == "system":
+            messages.append(dict(trajectory.messages[0]))
+        messages.append({"role": "user", "content": self.format_observation(observation)})
+        trajectory.messages[:] = messages
+        trajectory.prompt_ids = encode_prompt(self._require_tokenizer(), messages, tools=self.tools)
+
     # --- lifecycle -------------------------------------------------------------------------------
     async def on_trajectory_start(self, trajectories: list[Trajectory]) -> None:
         await asyncio.gather(*(self._reset_one(t) for t in trajectories if t.status == "running"))
@@ -75,14 +89,7 @@ class EnvScheduler(MultiTurnScheduler):
         except Exception as exc:  # noqa: BLE001 - fails this trajectory only
             traj.fail(_reason("reset", exc, self.env_timeout))
             return
-        messages: list[dict[str, Any]] = []
-        if system:
-            messages.append({"role": "system", "content": str(system)})
-        elif traj.messages and traj.messages[0].get("role") == "system":
-            messages.append(dict(traj.messages[0]))
-        messages.append({"role": "user", "content": self.format_observation(observation)})
-        traj.messages[:] = messages
-        traj.prompt_ids = encode_prompt(self._require_tokenizer(), messages, tools=self.tools)
+        self.seed_conversation(traj, observation, system)
         if info:
             traj.infos["reset_info"] = info
 

@@ -25,7 +25,7 @@ import asyncio
 from typing import Any
 
 from rlcore.errors import ConfigError, EnvError
-from rlcore.rollout import EnvScheduler, encode_prompt
+from rlcore.rollout import EnvScheduler
 from rlcore.types import Completion, Trajectory
 
 from . import actions
@@ -153,20 +153,6 @@ class OpenEnvScheduler(EnvScheduler):
         if info:
             traj.infos["reset_info"] = info
         return await super().run(traj)
-
-    def seed_conversation(self, trajectory: Trajectory, observation: Any, system_message: str | None) -> None:
-        """Messages = [system] + user(first observation); prompt ids re-encoded from them.
-
-        The row's own system message is kept when the env_config gives none.
-        """
-        messages: list[dict[str, Any]] = []
-        if system_message:
-            messages.append({"role": "system", "content": str(system_message)})
-        elif trajectory.messages and trajectory.messages[0].get("role") == "system":
-            messages.append(dict(trajectory.messages[0]))
-        messages.append({"role": "user", "content": self.format_observation(observation)})
-        trajectory.messages[:] = messages
-        trajectory.prompt_ids = encode_prompt(self._require_tokenizer(), messages, tools=self.tools)
 
     async def on_turn_end(self, infer_request: Trajectory, response_choice: Completion, current_turn: int) -> dict[str, Any] | None:
         env = self._envs.get(infer_request.uuid)

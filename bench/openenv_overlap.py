@@ -43,6 +43,7 @@ from rlcore.types import Prompt, SamplingParams  # noqa: E402
 
 from rl_plugin_openenv.scheduler import OpenEnvScheduler  # noqa: E402
 from rl_plugin_openenv.testing import ServerProcess  # noqa: E402
+from rollout_overlap import prefix_before_turn  # noqa: E402  (sibling script in bench/)
 
 RESULTS = Path(__file__).parent / "results"
 FIRST_OBS = "I am thinking of a number between 1 and 100. You have 8 guesses. Reply with JSON like {\"guess\": 50}."
@@ -97,19 +98,6 @@ async def batch_time(sampler: Any, prompts: list[list[int]], params: SamplingPar
         await asyncio.gather(*(sampler.generate(list(ids), params) for ids in prompts))
         best = min(best, time.perf_counter() - t0)
     return best
-
-
-def prefix_before_turn(traj: Any, turn: int) -> list[int]:
-    """The token ids the sampler was given for ``turn`` (0-based) of a finished trajectory."""
-    ids = list(traj.prompt_ids)
-    seen = 0
-    for t in traj.turns:
-        if t.role == "assistant":
-            if seen == turn:
-                return ids
-            seen += 1
-        ids.extend(t.token_ids)
-    return ids
 
 
 async def rollout(sampler: Any, url: str, n: int, turns: int, params: SamplingParams, concurrency: int) -> tuple[float, Any, Any, Any]:

@@ -131,7 +131,7 @@ async def main() -> None:
         assert res.stats["failed"] == 0 and res.stats["turns"] == args.trajectories * args.turns, res.stats
         async_batches = list(getattr(sampler, "batch_sizes", None) or [])[-4 * args.turns:]
         # "one turn for all trajectories as one batch", at each turn's real prompt lengths
-        per_turn = [await one_batch_time(sampler, [_prefix_before_turn(t, k) for t in res.trajectories], params, repeats=2)
+        per_turn = [await one_batch_time(sampler, [prefix_before_turn(t, k) for t in res.trajectories], params, repeats=2)
                     for k in range(args.turns)]
         sync_par = await turn_synchronous(new_sched(), prompts, params, parallel_env=True)
         ideal_first = args.turns * (per_turn[0] + args.sleep)
@@ -171,7 +171,7 @@ async def main() -> None:
     await sampler.close()
 
 
-def _prefix_before_turn(traj: Any, turn: int) -> list[int]:
+def prefix_before_turn(traj: Any, turn: int) -> list[int]:
     """The token ids the sampler was given for ``turn`` (0-based) of a finished trajectory."""
     ids = list(traj.prompt_ids)
     seen = 0

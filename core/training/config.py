@@ -66,7 +66,7 @@ class GRPOConfig(TrainingArguments):
     delta: float | None = field(default=None, metadata={"help": "Two-sided clipping: cap the unclipped ratio at delta."})
     beta: float = field(default=0.0, metadata={"help": "KL coefficient (k3) to the reference model; 0 loads no reference model."})
     num_iterations: int = field(default=1, metadata={"help": "Passes (μ) over each generation batch."})
-    scale_rewards: Any = field(default="group", metadata={"help": "Advantage scaling: group, batch or none (True = group, False = none, as in TRL)."})
+    scale_rewards: str = field(default="group", metadata={"help": "Advantage scaling: group, batch or none (True = group, False = none, as in TRL)."})
     reward_weights: list[float] | None = field(default=None, metadata={"help": "One weight per reward (default 1 each)."})
     mask_truncated_completions: bool = field(default=False, metadata={"help": "Leave length-truncated trajectories out of the loss."})
     sapo_temperature_pos: float = field(default=1.0, metadata={"help": "SAPO gate temperature for positive advantages."})
@@ -127,7 +127,7 @@ class GRPOConfig(TrainingArguments):
     router_aux_loss_coef: float | None = field(default=None, metadata={"help": "Not supported (TRL MoE option)."})
     cast_lm_head_to_fp32: bool = field(default=False, metadata={"help": "Not supported."})
     ds3_gather_for_generation: bool = field(default=True, metadata={"help": "Not supported (DeepSpeed ZeRO-3 generation)."})
-    pad_to_multiple_of: Any = field(default="auto", metadata={"help": "Not supported."})
+    pad_to_multiple_of: str | None = field(default="auto", metadata={"help": "Not supported."})
     chat_template_kwargs: dict | None = field(default=None, metadata={"help": "Not supported: edit the tokenizer's chat template."})
     cache_implementation: str | None = field(default=None, metadata={"help": "Not supported."})
     vllm_model_impl: str = field(default="vllm", metadata={"help": "Not supported: sampler_options engine_args."})
@@ -143,7 +143,7 @@ class GRPOConfig(TrainingArguments):
     log_unique_prompts: bool = field(default=False, metadata={"help": "Not supported."})
     log_completions_hub_repo: str | None = field(default=None, metadata={"help": "Not supported (no network)."})
     use_transformers_continuous_batching: bool = field(default=False, metadata={"help": "Not supported: sampler='vllm'."})
-    transformers_continuous_batching_config: Any = field(default=None, metadata={"help": "Not supported."})
+    transformers_continuous_batching_config: dict | None = field(default=None, metadata={"help": "Not supported."})
     use_transformers_paged: bool = field(default=False, metadata={"help": "Not supported: sampler='vllm'."})
 
     # --- LoRA -----------------------------------------------------------------------------------------
@@ -171,6 +171,8 @@ class GRPOConfig(TrainingArguments):
             raise ConfigError("set generation_batch_size or steps_per_generation, not both")
         if self.bf16 is None:  # TRL: on unless fp16; rlcore: only where a GPU supports it (the CPU demo stays fp32)
             self.bf16 = (not self.fp16) and _cuda_bf16()
+        if isinstance(self.scale_rewards, str) and self.scale_rewards.lower() in ("true", "false"):  # from a CLI
+            self.scale_rewards = self.scale_rewards.lower() == "true"
         self.scale_rewards = {True: "group", False: "none"}.get(self.scale_rewards, self.scale_rewards)
         if self.min_p is None:
             self.min_p = 0.0

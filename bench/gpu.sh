@@ -48,7 +48,8 @@ stage() {  # stage NAME LIMIT_S CMD...
   SUMMARY+=("$name: rc=$rc in $(($(date +%s) - t0))s")
 }
 
-PYTEST="python3 -m pytest -q --timeout 90"
+# only the plugins these tests need: the image's other pytest plugins need not match the carried pytest
+PYTEST="env PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python3 -m pytest -q -p pytest_asyncio.plugin -p pytest_timeout --timeout 90"
 stage "sampler tests (cuda)" 100 $PYTEST -x tests/test_sampling_hf_static.py tests/test_sampling_hf.py tests/test_sampling_processing.py
 stage "sampler throughput" 120 python3 bench/sampler_throughput.py --sizes qwen2-0.5b --device cuda --dtype bfloat16 \
   --work 64x128 256x256 --modes batched dynamic generate --repeats 3 --out "$OUT/sampler_throughput_gpu"

@@ -53,6 +53,7 @@ PYTEST="env PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python3 -m pytest -q -p pytest_asyn
 stage "sampler tests (cuda)" 100 $PYTEST -x tests/test_sampling_hf_static.py tests/test_sampling_hf.py tests/test_sampling_processing.py
 stage "sampler throughput" 120 python3 bench/sampler_throughput.py --sizes qwen2-0.5b --device cuda --dtype bfloat16 \
   --work 64x128 256x256 --modes batched dynamic generate --repeats 3 --out "$OUT/sampler_throughput_gpu"
+stage "decode profile" 45 python3 bench/decode_profile.py --shape qwen2-0.5b --dtype bfloat16 --buckets 64 256
 GRPO="python3 bench/grpo_step.py --shape qwen2-0.5b --prompts 8 --num-generations 8 --max-completion-length 256 --steps 2 --warmup 1"
 stage "grpo step fp32" 80 $GRPO --out "$OUT/grpo_step_gpu_fp32"
 stage "grpo step bf16" 80 $GRPO --bf16 --out "$OUT/grpo_step_gpu_bf16"

@@ -2,8 +2,10 @@
 # The GPU set, in one short run on a CUDA machine (target: under 6 minutes on one H200):
 #   1. the sampler tests (both decode paths, CUDA graphs) on CUDA
 #   2. sampler throughput, qwen2-0.5b shape, bf16: 64x128 and 256x256, hf (graphs) vs dynamic vs model.generate
-#   3. one GRPO step rlcore vs TRL 1.16, qwen2-0.5b shape, 8 prompts x 8 x 256 tokens, fp32 then bf16
-#   4. the trainer / algorithms tests on CUDA
+#   3. where a graph step's time goes (decode_profile.py)
+#   4. one GRPO step rlcore vs TRL 1.16, qwen2-0.5b shape, 8 prompts x 8 x 256 tokens, fp32 then bf16
+#   5. the trainer / algorithms tests on CUDA
+#   6. with the time left: the sampler throughput with the step through torch.compile
 # Every stage has its own time limit and the whole script a deadline (stages that would start past
 # it are skipped and say so); results go to $OUT (or bench/results/gpu), a summary is printed last.
 #
@@ -50,24 +52,27 @@ stage() {  # stage NAME LIMIT_S CMD...
 
 # only the plugins these tests need: the image's other pytest plugins need not match the carried pytest
 PYTEST="env PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python3 -m pytest -q -p pytest_asyncio.plugin -p pytest_timeout --timeout 90"
-stage "sampler tests (cuda)" 100 $PYTEST -x tests/test_sampling_hf_static.py tests/test_sampling_hf.py tests/test_sampling_processing.py
+stage "sampler tests (cuda)" 100 $PYTEST tests/test_sampling_hf_static.py tests/test_sampling_hf.py tests/test_sampling_processing.py
 stage "sampler throughput" 120 python3 bench/sampler_throughput.py --sizes qwen2-0.5b --device cuda --dtype bfloat16 \
-  --work 64x128 256x256 --modes batched dynamic generate --repeats 3 --out "$OUT/sampler_throughput_gpu"
+  --work 64x128 256x256 --modes batched dynamic generate --repeats 2 --out "$OUT/sampler_throughput_gpu"
 stage "decode profile" 45 python3 bench/decode_profile.py --shape qwen2-0.5b --dtype bfloat16 --buckets 64 256
 GRPO="python3 bench/grpo_step.py --shape qwen2-0.5b --prompts 8 --num-generations 8 --max-completion-length 256 --steps 2 --warmup 1"
 stage "grpo step fp32" 80 $GRPO --out "$OUT/grpo_step_gpu_fp32"
 stage "grpo step bf16" 80 $GRPO --bf16 --out "$OUT/grpo_step_gpu_bf16"
-stage "trainer/algorithms tests (cuda)" 80 $PYTEST tests/test_trainer.py tests/test_algorithms_is_correction.py \
+stage "trainer/algorithms tests (cuda)" 70 $PYTEST tests/test_trainer.py tests/test_algorithms_is_correction.py \
   tests/test_algorithms_logprobs.py tests/test_losses.py tests/test_advantages.py
+# last, with whatever time is left: the static path through torch.compile (compilation in the warm-up)
+stage "sampler throughput, compiled" 400 python3 bench/sampler_throughput.py --sizes qwen2-0.5b --device cuda \
+  --dtype bfloat16 --work 64x128 256x256 --modes compiled --repeats 2 --no-plot --out "$OUT/sampler_throughput_gpu_compiled"
 
 echo "================ summary ($(($(date +%s) - START))s)"
 printf '%s\n' "${SUMMARY[@]}"
 python3 - "$OUT" <<'EOF'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
-p = out / "sampler_throughput_gpu.json"
-if p.exists():
-    for r in json.loads(p.read_text())["results"]:
+for name in ("sampler_throughput_gpu.json", "sampler_throughput_gpu_compiled.json"):
+    p = out / name
+    for r in (json.loads(p.read_text())["results"] if p.exists() else []):
         print(f"sampler {r['concurrency']}x{r['max_tokens']} {r['mode']:>9}: " + (f"{r['tokens_per_s']:>9.0f} tok/s {r.get('runs_tokens_per_s', '')}" if "tokens_per_s" in r else r.get("error", "")))
 for prec in ("fp32", "bf16"):
     p = out / f"grpo_step_gpu_{prec}.json"

@@ -6,6 +6,8 @@ trajectories waiting on their next turn, ``T`` tokens each) it measures generate
 - ``batched``    — ``HFSampler`` as shipped: concurrent requests gathered into one batch (on CUDA
   the static cache + CUDA-graph decode path, on CPU the dynamic loop);
 - ``dynamic``    — the same sampler forced onto the dynamic loop (``decode="dynamic"``);
+- ``compiled``   — the static path with its step through ``torch.compile`` (``compile=True``; the
+  warm-up pays the compilation);
 - ``one_by_one`` — the sampler with ``max_batch_size=1`` (a forward loop per request; its
   throughput does not depend on how many wait, so at most ``--serial-cap`` requests are timed);
 - ``generate``   — ``model.generate`` on the left-padded batch (sampling, fixed length);
@@ -104,13 +106,14 @@ def _sync(model: Any) -> None:
 
 
 def bench_size(size: str, work: list[tuple[int, int]], modes: list[str], a: argparse.Namespace, progress: Any,
-               task: Any) -> list[dict[str, Any]]:
+               task: Any, save: Any = None) -> list[dict[str, Any]]:
     model, tok = load_model(size, a.device, a.dtype)
     biggest = max(c for c, _ in work)
     threads = a.threads
     samplers = {
         "batched": lambda: HFSampler(model, tok, batch_window_ms=5, max_batch_size=biggest, num_threads=threads),
         "dynamic": lambda: HFSampler(model, tok, batch_window_ms=5, max_batch_size=biggest, num_threads=threads, decode="dynamic"),
+        "compiled": lambda: HFSampler(model, tok, batch_window_ms=5, max_batch_size=biggest, num_threads=threads, compile=True),
         "one_by_one": lambda: HFSampler(model, tok, max_batch_size=1, num_threads=threads),
     }
     live: dict[str, HFSampler] = {}
@@ -132,8 +135,10 @@ def bench_size(size: str, work: list[tuple[int, int]], modes: list[str], a: argp
             row: dict[str, Any] = {"size": size, "params_m": round(params_m, 1), "concurrency": level,
                                    "max_tokens": max_tokens, "mode": mode}
             try:
+                t_warm = time.perf_counter()
                 once(min(4, max_tokens))  # warm-up: graphs captured, kernels loaded, allocator grown
-                runs = [once(max_tokens) for _ in range(a.repeats if mode in ("batched", "dynamic") else 1)]
+                row["warmup_s"] = round(time.perf_counter() - t_warm, 2)
+                runs = [once(max_tokens) for _ in range(a.repeats if mode in samplers else 1)]
             except Exception as exc:  # noqa: BLE001 - report, keep benchmarking the rest
                 rows.append({**row, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"})
                 progress.advance(task)
@@ -141,9 +146,14 @@ def bench_size(size: str, work: list[tuple[int, int]], modes: list[str], a: argp
             tps = [t / s for t, s in runs]
             row.update(tokens=runs[0][0], seconds=round(statistics.median(s for _, s in runs), 3),
                        tokens_per_s=round(statistics.median(tps), 1), runs_tokens_per_s=[round(x, 1) for x in tps])
-            if mode == "batched":
-                row["decode"] = "cuda_graph" if live[mode]._static_ok and a.device == "cuda" else "dynamic"
+            if mode in ("batched", "compiled"):
+                eng = live[mode]._engine
+                row["decode"] = "cuda_graph" if eng is not None and eng.use_graphs else ("static" if eng else "dynamic")
+                if eng is not None:
+                    row.update(graphs=eng.captures, compiled=bool(eng.compile))
             rows.append(row)
+            if save is not None:
+                save(rows)  # after every row: a run stopped by a time limit keeps what it measured
             progress.advance(task)
     for s in live.values():
         asyncio.run(s.close())
@@ -189,7 +199,8 @@ def main() -> None:
     ap.add_argument("--work", nargs="+", default=None, metavar="CxT",
                     help="concurrency x tokens pairs, e.g. 64x128 256x256 (instead of --levels/--max-tokens)")
     ap.add_argument("--modes", nargs="+", default=["batched", "one_by_one", "continuous"],
-                    choices=["batched", "dynamic", "one_by_one", "generate", "continuous"])
+                    choices=["batched", "dynamic", "compiled", "one_by_one", "generate", "continuous"])
+    ap.add_argument("--no-plot", action="store_true", help="write the JSON only")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--repeats", type=int, default=1, help="timed runs of the sampler modes (median reported)")
@@ -202,22 +213,28 @@ def main() -> None:
             else [(c, args.max_tokens) for c in args.levels])
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)  # the continuous-batching manager's thread inherits the default
-    rows: list[dict[str, Any]] = []
-    with Progress() as progress:
-        task = progress.add_task("sampler throughput", total=len(args.sizes) * len(work) * len(args.modes))
-        for size in args.sizes:
-            progress.console.print(f"preparing the {size} model (built on first use)…")
-            rows += bench_size(size, work, args.modes, args, progress, task)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     import transformers
 
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"torch": torch.__version__, "transformers": transformers.__version__, "cpus": os.cpu_count(),
             "cuda": torch.cuda.is_available(), "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
             "device": args.device, "dtype": args.dtype, "machine": platform.machine(), "work": work,
             "threads": args.threads, "load_average": os.getloadavg()}
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
-    plot(rows, out.with_suffix(".png"))
+    done: list[dict[str, Any]] = []
+
+    def save(new_rows: list[dict[str, Any]]) -> None:
+        out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": done + new_rows}, indent=2))
+
+    with Progress() as progress:
+        task = progress.add_task("sampler throughput", total=len(args.sizes) * len(work) * len(args.modes))
+        for size in args.sizes:
+            progress.console.print(f"preparing the {size} model (built on first use)…")
+            done += bench_size(size, work, args.modes, args, progress, task, save)
+    rows = done
+    save([])
+    if not args.no_plot:
+        plot(rows, out.with_suffix(".png"))
     for r in rows:
         print(f"{r['size']:>10} {r['concurrency']:>3}x{r['max_tokens']:<4} {r['mode']:>10}: "
               + (f"{r['tokens_per_s']:10.1f} tok/s" if "tokens_per_s" in r else r["error"]))

@@ -233,7 +233,8 @@ async def test_lora_update_loads_only_adapters(tiny_model_dir: str, prompts, dec
 
 
 async def test_late_requests_join_the_running_batch_and_short_ones_leave_early(sampler: HFSampler, prompts) -> None:
-    long_params = SamplingParams(max_tokens=150, temperature=1.0, seed=31, stop_token_ids=[-1])
+    long_params = SamplingParams(max_tokens=1500 if sampler.device.type == "cuda" else 150, temperature=1.0, seed=31,
+                                 stop_token_ids=[-1])
     short = SamplingParams(max_tokens=3, temperature=0.8, seed=32, stop_token_ids=[-1])
     n_batches = len(sampler.batch_sizes)
     long_task = asyncio.ensure_future(sampler.generate(prompts[2], long_params))  # a short prompt
@@ -269,7 +270,9 @@ def test_trickling_requests_gather_into_one_batch() -> None:
 async def test_staggered_joiners_are_prefilled_together(tiny_model_dir: str, prompts, decode: str) -> None:
     s = HFSampler(tiny_model_dir, batch_window_ms=1, join_window_ms=150, seed=0, dtype="float32", decode=decode)
     try:
-        long_params = SamplingParams(max_tokens=400, temperature=1.0, seed=41, stop_token_ids=[-1])
+        # long enough to still be decoding when the staggered joiners are admitted (CUDA graphs are fast)
+        long_params = SamplingParams(max_tokens=3000 if s.device.type == "cuda" else 400, temperature=1.0, seed=41,
+                                     stop_token_ids=[-1])
         short = SamplingParams(max_tokens=4, temperature=0.9, stop_token_ids=[-1])
         long_task = asyncio.ensure_future(s.generate(prompts[2], long_params))
         while not s.batch_sizes:

@@ -138,18 +138,19 @@ class StaticEngine:
     """The static cache, the per-slot sampling state and the captured graphs. Owned by the sampler
     and kept across batches (graphs are captured once per bucket and sampling features)."""
 
-    def __init__(self, sampler: "HFSampler", use_graphs: bool) -> None:
+    def __init__(self, sampler: "HFSampler", use_graphs: bool, compile: bool = False) -> None:
         self.s = sampler
         self.dev = sampler.device
         self.vocab = sampler.vocab_size
         self.use_graphs = use_graphs and self.dev.type == "cuda"
+        self.compile = compile
+        self._compiled: Any = None
         self.cap = 0
         self.max_len = 0
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
         self.state: dict[str, torch.Tensor] = {}
         self.graphs: dict[tuple, Any] = {}
-        self.eager_only: set[tuple] = set()
         self.pool: Any = None
         self.fingerprint: tuple = ()
         self.kv_shape: tuple[int, int, int, torch.dtype] | None = None
@@ -162,9 +163,14 @@ class StaticEngine:
         """Drop graphs captured against other parameter tensors (a moved, re-loaded or wrapped model)."""
         fp = tuple((p.data_ptr(), p.dtype) for p in self.s.model.parameters())
         if fp != self.fingerprint:
-            self.graphs.clear()
-            self.eager_only.clear()
+            self._drop_graphs()
             self.fingerprint = fp
+
+    def _drop_graphs(self) -> None:
+        """Forget every captured graph, and their memory pool: a pool whose graphs are gone may still
+        hold blocks (cuBLAS workspaces), and capturing into it again trips the allocator."""
+        self.graphs.clear()
+        self.pool = None
 
     def ensure(self, rows: int, length: int, kv: list[tuple[torch.Tensor, torch.Tensor]], live: int) -> None:
         """Room for ``rows`` slots of ``length`` columns with the layout of ``kv``; the first ``live``
@@ -204,8 +210,7 @@ class StaticEngine:
         self.slot_ids = torch.arange(new_cap, device=dev)
         self.neg = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=dev)
         self.cap, self.max_len, self.kv_shape = new_cap, new_len, shape
-        self.graphs.clear()
-        self.eager_only.clear()
+        self._drop_graphs()
         if self.dev.type == "cuda":
             self.h_tok = [torch.zeros(new_cap, dtype=torch.long, pin_memory=True) for _ in range(2)]
             self.h_lp = [torch.zeros(new_cap, dtype=torch.float32, pin_memory=True) for _ in range(2)]
@@ -282,27 +287,44 @@ class StaticEngine:
             self.replays += 1
             return
         with self._attention(), _no_autocast_cache():
-            if not self.use_graphs or key in self.eager_only:
-                self._step(b, flags)
+            if not self.use_graphs:
+                self._run(b, flags)
                 return
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                self._step(b, flags)  # the real step, and the warm-up the capture needs
+                self._run(b, flags)  # the real step, and the warm-up (compilation too) the capture needs
             torch.cuda.current_stream().wait_stream(side)
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
             try:
                 with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-                    self._step(b, flags)  # recorded, not run
+                    self._run(b, flags)  # recorded, not run
             except Exception as exc:  # noqa: BLE001 - an uncapturable model still decodes, eagerly
-                log.warning("hf sampler: decode step could not be captured as a CUDA graph (%s: %s); running it eagerly",
+                log.warning("hf sampler: decode step could not be captured as a CUDA graph (%s: %s); decoding eagerly",
                             type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
-                self.eager_only.add(key)
+                self.use_graphs = False  # one failed capture is enough: the rest of this sampler runs eagerly
                 return
             self.graphs[key] = graph
             self.captures += 1
+
+    def _run(self, b: int, flags: tuple[bool, bool, bool]) -> None:
+        """The step, through ``torch.compile`` when asked (fuses the model's small elementwise kernels:
+        a decode step is ~40 kernels per layer, and below a few hundred rows their count, not the
+        bytes they move, sets the step time). A step that cannot be compiled runs as it is."""
+        if not self.compile:
+            self._step(b, flags)
+            return
+        if self._compiled is None:
+            self._compiled = torch.compile(self._step, dynamic=False)
+        try:
+            self._compiled(b, flags)
+        except Exception as exc:  # noqa: BLE001 - compile errors surface at the first call, before any kernel
+            log.warning("hf sampler: torch.compile of the decode step failed (%s: %s); decoding without it",
+                        type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+            self.compile = False
+            self._step(b, flags)
 
     def _attention(self) -> Any:
         """Route the model's attention to :func:`_decode_attention` while a step is traced or run."""

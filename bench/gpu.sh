@@ -5,7 +5,6 @@
 #   3. where a graph step's time goes (decode_profile.py)
 #   4. one GRPO step rlcore vs TRL 1.16, qwen2-0.5b shape, 8 prompts x 8 x 256 tokens, fp32 then bf16
 #   5. the trainer / algorithms tests on CUDA
-#   6. with the time left: the sampler throughput with the step through torch.compile
 # Every stage has its own time limit and the whole script a deadline (stages that would start past
 # it are skipped and say so); results go to $OUT (or bench/results/gpu), a summary is printed last.
 #
@@ -61,16 +60,13 @@ stage "grpo step fp32" 80 $GRPO --out "$OUT/grpo_step_gpu_fp32"
 stage "grpo step bf16" 80 $GRPO --bf16 --out "$OUT/grpo_step_gpu_bf16"
 stage "trainer/algorithms tests (cuda)" 70 $PYTEST tests/test_trainer.py tests/test_algorithms_is_correction.py \
   tests/test_algorithms_logprobs.py tests/test_losses.py tests/test_advantages.py
-# last, with whatever time is left: the static path through torch.compile (compilation in the warm-up)
-stage "sampler throughput, compiled" 400 python3 bench/sampler_throughput.py --sizes qwen2-0.5b --device cuda \
-  --dtype bfloat16 --work 64x128 256x256 --modes compiled --repeats 2 --no-plot --out "$OUT/sampler_throughput_gpu_compiled"
 
 echo "================ summary ($(($(date +%s) - START))s)"
 printf '%s\n' "${SUMMARY[@]}"
 python3 - "$OUT" <<'EOF'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
-for name in ("sampler_throughput_gpu.json", "sampler_throughput_gpu_compiled.json"):
+for name in ("sampler_throughput_gpu.json",):
     p = out / name
     for r in (json.loads(p.read_text())["results"] if p.exists() else []):
         print(f"sampler {r['concurrency']}x{r['max_tokens']} {r['mode']:>9}: " + (f"{r['tokens_per_s']:>9.0f} tok/s {r.get('runs_tokens_per_s', '')}" if "tokens_per_s" in r else r.get("error", "")))

@@ -6,8 +6,6 @@ trajectories waiting on their next turn, ``T`` tokens each) it measures generate
 - ``batched``    — ``HFSampler`` as shipped: concurrent requests gathered into one batch (on CUDA
   the static cache + CUDA-graph decode path, on CPU the dynamic loop);
 - ``dynamic``    — the same sampler forced onto the dynamic loop (``decode="dynamic"``);
-- ``compiled``   — the static path with its step through ``torch.compile`` (``compile=True``; the
-  warm-up pays the compilation);
 - ``one_by_one`` — the sampler with ``max_batch_size=1`` (a forward loop per request; its
   throughput does not depend on how many wait, so at most ``--serial-cap`` requests are timed);
 - ``generate``   — ``model.generate`` on the left-padded batch (sampling, fixed length);
@@ -113,7 +111,6 @@ def bench_size(size: str, work: list[tuple[int, int]], modes: list[str], a: argp
     samplers = {
         "batched": lambda: HFSampler(model, tok, batch_window_ms=5, max_batch_size=biggest, num_threads=threads),
         "dynamic": lambda: HFSampler(model, tok, batch_window_ms=5, max_batch_size=biggest, num_threads=threads, decode="dynamic"),
-        "compiled": lambda: HFSampler(model, tok, batch_window_ms=5, max_batch_size=biggest, num_threads=threads, compile=True),
         "one_by_one": lambda: HFSampler(model, tok, max_batch_size=1, num_threads=threads),
     }
     live: dict[str, HFSampler] = {}
@@ -146,11 +143,11 @@ def bench_size(size: str, work: list[tuple[int, int]], modes: list[str], a: argp
             tps = [t / s for t, s in runs]
             row.update(tokens=runs[0][0], seconds=round(statistics.median(s for _, s in runs), 3),
                        tokens_per_s=round(statistics.median(tps), 1), runs_tokens_per_s=[round(x, 1) for x in tps])
-            if mode in ("batched", "compiled"):
+            if mode == "batched":
                 eng = live[mode]._engine
                 row["decode"] = "cuda_graph" if eng is not None and eng.use_graphs else ("static" if eng else "dynamic")
                 if eng is not None:
-                    row.update(graphs=eng.captures, compiled=bool(eng.compile))
+                    row["graphs"] = eng.captures
             rows.append(row)
             if save is not None:
                 save(rows)  # after every row: a run stopped by a time limit keeps what it measured
@@ -199,7 +196,7 @@ def main() -> None:
     ap.add_argument("--work", nargs="+", default=None, metavar="CxT",
                     help="concurrency x tokens pairs, e.g. 64x128 256x256 (instead of --levels/--max-tokens)")
     ap.add_argument("--modes", nargs="+", default=["batched", "one_by_one", "continuous"],
-                    choices=["batched", "dynamic", "compiled", "one_by_one", "generate", "continuous"])
+                    choices=["batched", "dynamic", "one_by_one", "generate", "continuous"])
     ap.add_argument("--no-plot", action="store_true", help="write the JSON only")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--dtype", default="float32")

@@ -66,8 +66,6 @@ class HFSampler(Sampler):
             else the dynamic loop), ``"static"`` (the static path; eager off CUDA) or ``"dynamic"``.
         cuda_graphs: capture the static path's steps as CUDA graphs (False: run them eagerly —
             for debugging; the results are the same).
-        compile: run the static path's step through ``torch.compile`` before capturing it (fuses
-            the model's small kernels; costs a compilation per batch-size bucket on first use).
         num_threads: CPU threads every forward of the decode loop uses (set on the sampler's worker
             thread only). Default on CPU: small forwards (decode steps, a few joiners' prefill —
             under ``PARALLEL_MIN_FLOPS``) run on one thread and larger ones on all cores but one.
@@ -95,7 +93,6 @@ class HFSampler(Sampler):
         num_threads: int | None = None,
         decode: str = "auto",
         cuda_graphs: bool = True,
-        compile: bool = False,
         **opts: Any,
     ) -> None:
         import torch
@@ -104,7 +101,7 @@ class HFSampler(Sampler):
             raise ConfigError(
                 f"hf sampler got unknown options: {', '.join(sorted(opts))}; it takes device, dtype, "
                 "batch_window_ms, max_batch_wait_ms, join_window_ms, max_batch_size, max_model_len, seed, num_threads, "
-                "decode, cuda_graphs, compile"
+                "decode, cuda_graphs"
             )
         if decode not in ("auto", "static", "dynamic"):
             raise ConfigError(f"hf sampler decode must be auto, static or dynamic, got {decode!r}")
@@ -136,7 +133,6 @@ class HFSampler(Sampler):
         self.join_window_s = max(0.0, join_window_ms / 1000.0)
         self.decode_mode = decode
         self.cuda_graphs = cuda_graphs
-        self.compile = compile
         self._engine: Any = None  # the static path's cache and graphs, built on first use
         from .hf_static import static_eligible
 
@@ -245,7 +241,7 @@ class HFSampler(Sampler):
                 last = None
                 if self._static_ok:
                     if self._engine is None:
-                        self._engine = StaticEngine(self, use_graphs=self.cuda_graphs, compile=self.compile)
+                        self._engine = StaticEngine(self, use_graphs=self.cuda_graphs)
                     try:
                         last = StaticDecoder(self, handle, self._engine).run()
                     except NotStatic as exc:  # found at the first prefill, before any row was answered

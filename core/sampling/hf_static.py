@@ -138,13 +138,11 @@ class StaticEngine:
     """The static cache, the per-slot sampling state and the captured graphs. Owned by the sampler
     and kept across batches (graphs are captured once per bucket and sampling features)."""
 
-    def __init__(self, sampler: "HFSampler", use_graphs: bool, compile: bool = False) -> None:
+    def __init__(self, sampler: "HFSampler", use_graphs: bool) -> None:
         self.s = sampler
         self.dev = sampler.device
         self.vocab = sampler.vocab_size
         self.use_graphs = use_graphs and self.dev.type == "cuda"
-        self.compile = compile
-        self._compiled: Any = None
         self.cap = 0
         self.max_len = 0
         self.k: list[torch.Tensor] = []
@@ -288,19 +286,19 @@ class StaticEngine:
             return
         with self._attention(), _no_autocast_cache():
             if not self.use_graphs:
-                self._run(b, flags)
+                self._step(b, flags)
                 return
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                self._run(b, flags)  # the real step, and the warm-up (compilation too) the capture needs
+                self._step(b, flags)  # the real step, and the warm-up the capture needs
             torch.cuda.current_stream().wait_stream(side)
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
             try:
                 with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-                    self._run(b, flags)  # recorded, not run
+                    self._step(b, flags)  # recorded, not run
             except Exception as exc:  # noqa: BLE001 - an uncapturable model still decodes, eagerly
                 log.warning("hf sampler: decode step could not be captured as a CUDA graph (%s: %s); decoding eagerly",
                             type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
@@ -308,23 +306,6 @@ class StaticEngine:
                 return
             self.graphs[key] = graph
             self.captures += 1
-
-    def _run(self, b: int, flags: tuple[bool, bool, bool]) -> None:
-        """The step, through ``torch.compile`` when asked (fuses the model's small elementwise kernels:
-        a decode step is ~40 kernels per layer, and below a few hundred rows their count, not the
-        bytes they move, sets the step time). A step that cannot be compiled runs as it is."""
-        if not self.compile:
-            self._step(b, flags)
-            return
-        if self._compiled is None:
-            self._compiled = torch.compile(self._step, dynamic=False)
-        try:
-            self._compiled(b, flags)
-        except Exception as exc:  # noqa: BLE001 - compile errors surface at the first call, before any kernel
-            log.warning("hf sampler: torch.compile of the decode step failed (%s: %s); decoding without it",
-                        type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
-            self.compile = False
-            self._step(b, flags)
 
     def _attention(self) -> Any:
         """Route the model's attention to :func:`_decode_attention` while a step is traced or run."""

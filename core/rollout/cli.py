@@ -3,8 +3,9 @@
 Defaults make it work with no arguments: the built-in tiny model, the built-in arithmetic dataset,
 the single-turn scheduler and the ``hf`` sampler. A scheduler with an embedded default
 (``default_task()``, e.g. ``openenv_scheduler``, ``gym_scheduler``) brings its own prompts, per-turn
-token cap, ``max_turns`` and scheduler options (stop strings …) when no ``--dataset`` is given. Options a scheduler or sampler declares (its
-factory's keyword parameters) are accepted as flags: ``--env-url X`` → ``env_url="X"``.
+token cap, ``max_turns`` and scheduler options (stop strings …) when no ``--dataset`` is given.
+Options a scheduler or sampler declares (its factory's keyword parameters) are accepted as flags:
+``--env-url X`` → ``env_url="X"``.
 """
 
 from __future__ import annotations

@@ -9,8 +9,10 @@ exactly as a user types it, and checks what the README promises:
 wall time, the reward of the first and last 10% of steps and their ratio (or, if the first is not
 positive, the improvement as a share of the per-step reward range), turns per episode, env steps,
 what ended the episodes (env done / max_turns / length / failed), the share of turns that ended by
-a stop string, and whether the issue's bar is met: ≥ 2 turns per episode, no episode ended by
-length, last-10% reward ≥ 2× the first (or an improvement ≥ half the range), under 180 s.
+a stop string, the CPU seconds the run used (a loaded machine stretches wall time, not CPU time:
+on N free cores a run takes at least cpu_s / N), and whether the issue's bar is met: ≥ 2 turns per
+episode, no episode ended by length, last-10% reward ≥ 2× the first (or an improvement ≥ half the
+range), under 180 s.
 
 Each run is a subprocess pinned to ``--cpus`` cores (``os.sched_setaffinity``; 2 by default, the
 machine the README talks about) so runs side by side (``--parallel``) do not share cores.
@@ -93,7 +95,8 @@ def start_run(name: str, quickstart: str, extra: list[str], url: str, workdir: P
 
 
 def finish_run(run: dict[str, Any]) -> dict[str, Any]:
-    rc = run["proc"].wait()
+    _pid, status, usage = os.wait4(run["proc"].pid, 0)
+    run["proc"].returncode = rc = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - run["t0"]
     run["log"].close()
     metrics = run["out"] / "metrics.jsonl"
@@ -104,6 +107,9 @@ def finish_run(run: dict[str, Any]) -> dict[str, Any]:
         return result
     steps = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     result.update(summarize(steps, wall))
+    # CPU time is what a shared, loaded machine cannot inflate: on N free cores wall >= cpu / N
+    result["cpu_s"] = round(usage.ru_utime + usage.ru_stime, 1)
+    result["wall_s_if_alone_at_least"] = round(result["cpu_s"] / max(1, result["cpus"] or 1), 1)
     result["curve"] = {"reward": [s["reward"] for s in steps], "num_turns": [s["num_turns"] for s in steps]}
     return result
 
@@ -186,7 +192,7 @@ def main() -> None:
     out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
     plot(results, out.with_suffix(".png"))
     for r in results:
-        brief = {k: r.get(k) for k in ("name", "passes", "wall_s", "reward_first_10pct", "reward_last_10pct",
+        brief = {k: r.get(k) for k in ("name", "passes", "wall_s", "cpu_s", "reward_first_10pct", "reward_last_10pct",
                                        "reward_ratio", "turns_per_episode", "episodes_ended", "turns_ended_by_stop", "error")}
         print(json.dumps(brief))
 

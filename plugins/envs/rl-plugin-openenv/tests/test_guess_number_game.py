@@ -7,12 +7,19 @@ import pytest
 from rl_plugin_openenv.games import GuessAction, GuessNumberEnvironment
 
 
+@pytest.fixture
+def env():
+    """One environment, closed after the test (the class counts live ones: servers' leak checks read it)."""
+    e = GuessNumberEnvironment()
+    yield e
+    e.close()
+
+
 def _play(env, *guesses):
     return [env.step(GuessAction(message=str(g))) for g in guesses]
 
 
-def test_shaped_reward_pays_valid_guesses_and_only_new_closeness():
-    env = GuessNumberEnvironment()
+def test_shaped_reward_pays_valid_guesses_and_only_new_closeness(env):
     env.reset(low=1, high=64, max_attempts=8, target=40, shaped=True)
     obs = _play(env, 10, 30, 30, 1, 99)
     junk = env.step(GuessAction(message="no idea"))
@@ -28,14 +35,12 @@ def test_shaped_reward_pays_valid_guesses_and_only_new_closeness():
     assert sum(o.reward for o in obs) + junk.reward < win.reward  # shaping stays below one win
 
 
-def test_unshaped_reward_is_sparse():
-    env = GuessNumberEnvironment()
+def test_unshaped_reward_is_sparse(env):
     env.reset(low=1, high=8, target=5)
     assert [o.reward for o in _play(env, 1, 4, 5)] == [0.0, 0.0, 1.0]
 
 
-def test_reply_formats():
-    env = GuessNumberEnvironment()
+def test_reply_formats(env):
     assert '{"guess": 32}' in env.reset(low=1, high=64).text
     assert "just your guess, a whole number like 32" in env.reset(low=1, high=64, reply="number").text
     with pytest.raises(ValueError, match="reply must be one of"):

@@ -215,10 +215,15 @@ class GRPOTrainer(Trainer):
                 r.trainer_state = self.state
         hooks = RunHooks(*self.reward_objects)
         errors_before = {r.name: getattr(r, "errors", 0) for r in self.reward_objects}
+        timeouts_before = {r.name: getattr(r, "timeouts", 0) for r in self.reward_objects}
         columns = run_sync(compute_rewards(hooks, trajs, self.reward_weights))
         self._reward_errors = {
             f"reward_errors/{r.name}": float(getattr(r, "errors", 0) - errors_before[r.name]) for r in self.reward_objects
         }
+        self._reward_errors.update({  # samples a bounded reward stopped at its deadline (scored 0)
+            f"reward_timeouts/{r.name}": float(r.timeouts - timeouts_before[r.name])
+            for r in self.reward_objects if hasattr(r, "timeouts")
+        })
         rewards = torch.tensor([
             math.nan if (t.reward is None or t.status == "failed") else float(t.reward) for t in trajs
         ], dtype=torch.float32)

@@ -43,6 +43,9 @@ def rollout_metrics(trajectories: Sequence[Any], columns: dict[str, list[float |
         "truncated_trajectories": float(sum(1 for t in trajectories if t.status == "truncated")),
         "sampled_tokens": float(sum(sampled)),
     }
+    timeouts = [t.infos.get("tool_timeouts") for t in trajectories if t.infos.get("tool_timeouts") is not None]
+    if timeouts:  # tool calls stopped at their deadline (tool_scheduler)
+        out["tool_timeouts"] = float(sum(timeouts))
     for name, vals in columns.items():
         out[f"rewards/{name}"] = _mean([v if v is not None else float("nan") for v in vals])
     return out

@@ -148,7 +148,7 @@ class OpenEnvToolScheduler(OpenEnvScheduler):
         specs = await self.ensure_tools(env.session.base_url)
         adapter = _SessionAsEnv(env, self)
         env_tool = EnvTool(adapter)
-        manager = ToolManager()
+        manager = ToolManager(timeout=None)  # env steps are bounded by env_timeout (_env_call) already
         for spec in specs:
             manager.register(_tool_fn(env_tool, spec), name=spec.name, schema=spec.schema)
         self._tools_by_traj[trajectory.uuid] = (env_tool, manager, adapter)

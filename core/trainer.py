@@ -380,8 +380,11 @@ class GRPOTrainer(Trainer):
             if path is None:
                 raise ConfigError(f"no checkpoint to resume from in {self.args.output_dir}")
             self._load_rlcore_state(path)
-        elif self.args.should_save and os.path.exists(os.path.join(self.args.output_dir, "metrics.jsonl")):
-            os.remove(os.path.join(self.args.output_dir, "metrics.jsonl"))
+        elif self.args.should_save:  # a fresh run never writes into another run's directory (the main process checks)
+            ckpt.check_fresh_output_dir(self.args.output_dir, self.args.overwrite_output_dir)
+            ckpt.clear_previous_run(self.args.output_dir)
+            self.run_id = ckpt.new_run_id()
+            ckpt.write_run_id(self.args.output_dir, self.run_id)
         self._train_start = time.perf_counter()
         try:
             return super().train(resume_from_checkpoint=path, **kwargs)
@@ -393,6 +396,11 @@ class GRPOTrainer(Trainer):
 
     def _load_rlcore_state(self, path: str) -> None:
         state, buffer = ckpt.read_state(path)
+        self.run_id = ckpt.check_owner(path, state, self.args.output_dir) or ckpt.new_run_id()
+        if self.args.should_save and ckpt.read_run_id(self.args.output_dir) is None:
+            ckpt.write_run_id(self.args.output_dir, self.run_id)  # this directory now continues that run
+        if state.get("sampler_rng") is not None and hasattr(self.sampler, "set_rng_state"):
+            self.sampler.set_rng_state(state["sampler_rng"])
         if "cursor" in state:
             self.cursor.load_state_dict(state["cursor"])
         self._generations = int(state.get("generations", 0))
@@ -417,6 +425,8 @@ class GRPOTrainer(Trainer):
             "cursor": self.cursor.state_dict(),
             "generations": self._generations,
             "gen_metrics": self._gen_metrics,
+            "run_id": getattr(self, "run_id", None),
+            "sampler_rng": self.sampler.rng_state() if hasattr(self.sampler, "rng_state") else None,
         }
         buffer = [dict(mb, batch=mb["batch"].to("cpu")) for mb in self._buffer]
         ckpt.write_state(os.path.join(tmp, folder), state, buffer)

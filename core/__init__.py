@@ -9,6 +9,7 @@ from .errors import (
     MissingDependencyError,
     PluginError,
     RlcoreError,
+    RunFailedError,
     SamplerError,
     UnknownComponentError,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "PluginError",
     "Prompt",
     "RlcoreError",
+    "RunFailedError",
     "RunHooks",
     "SamplerError",
     "SamplingParams",

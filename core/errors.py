@@ -40,3 +40,8 @@ class DatasetError(RlcoreError):
 
 class MissingDependencyError(RlcoreError, ImportError):
     """An optional dependency is not installed; the message says what to pip install."""
+
+
+class RunFailedError(RlcoreError):
+    """A run that can no longer mean anything: every trajectory failed, or most of them for several
+    steps in a row, or a reward raised on every sample. The run stops with a non-zero exit."""

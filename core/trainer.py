@@ -51,6 +51,7 @@ from .training.components import (
 )
 from .training.config import GRPOConfig, check_values, validate_components
 from .training.data import PromptCursor, as_rows, check_columns, make_prompt
+from .training.health import RunHealth
 from .training.metrics import MetricAccumulator, append_jsonl, rollout_metrics, truncate_jsonl
 from .training.plots import write_plots
 from .training.progress import RichProgressCallback
@@ -146,6 +147,7 @@ class GRPOTrainer(Trainer):
         self._last_log_time: float | None = None
         self._last_logged_step = 0
         self._generations = 0
+        self.health = RunHealth(args.failure_threshold, args.failure_patience)
         self.plot_paths: list[str] = []
         if not args.disable_tqdm:
             self.remove_callback(ProgressCallback)
@@ -256,6 +258,7 @@ class GRPOTrainer(Trainer):
         self._attach_logps(batch)
         self._gen_metrics = rollout_metrics(trajs, columns, stats.zero_std_frac)
         self._gen_metrics.update(getattr(self, "_reward_errors", {}))
+        self.health.check(trajs, getattr(self, "_reward_errors", {}))  # raises RunFailedError on a dead run
         scheduler_metrics = getattr(self.scheduler_obj, "metrics", None)
         if callable(scheduler_metrics):  # e.g. openenv/* client counters (retries, timeouts, sessions)
             self._gen_metrics.update({k: float(v) for k, v in scheduler_metrics().items()})

@@ -28,7 +28,10 @@ def _std(xs: Sequence[float]) -> float:
 
 def rollout_metrics(trajectories: Sequence[Any], columns: dict[str, list[float | None]], zero_std_frac: float) -> dict[str, float]:
     """Metrics of one generation batch."""
-    rewards = [t.reward if t.reward is not None else float("nan") for t in trajectories]
+    # failed trajectories (env down, timeout) have no meaningful reward: they are counted in
+    # failed_trajectories / failed_fraction, never averaged in as 0.0
+    ok = [i for i, t in enumerate(trajectories) if t.status != "failed"]
+    rewards = [trajectories[i].reward if trajectories[i].reward is not None else float("nan") for i in ok]
     lengths = [t.num_completion_tokens for t in trajectories]
     sampled = [sum(sum(turn.loss_mask) for turn in t.turns) for t in trajectories]
     out: dict[str, float] = {
@@ -39,7 +42,8 @@ def rollout_metrics(trajectories: Sequence[Any], columns: dict[str, list[float |
         "completion_length/max": float(max(lengths)) if lengths else 0.0,
         "completion_length/min": float(min(lengths)) if lengths else 0.0,
         "num_turns": _mean([t.num_turns for t in trajectories]) if trajectories else 0.0,
-        "failed_trajectories": float(sum(1 for t in trajectories if t.status == "failed")),
+        "failed_trajectories": float(len(trajectories) - len(ok)),
+        "failed_fraction": (len(trajectories) - len(ok)) / len(trajectories) if trajectories else 0.0,
         "truncated_trajectories": float(sum(1 for t in trajectories if t.status == "truncated")),
         "sampled_tokens": float(sum(sampled)),
     }
@@ -47,7 +51,7 @@ def rollout_metrics(trajectories: Sequence[Any], columns: dict[str, list[float |
     if timeouts:  # tool calls stopped at their deadline (tool_scheduler)
         out["tool_timeouts"] = float(sum(timeouts))
     for name, vals in columns.items():
-        out[f"rewards/{name}"] = _mean([v if v is not None else float("nan") for v in vals])
+        out[f"rewards/{name}"] = _mean([vals[i] if vals[i] is not None else float("nan") for i in ok])
     return out
 
 

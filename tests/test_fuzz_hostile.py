@@ -126,3 +126,31 @@ def test_every_reward_stays_bounded_on_every_hostile_completion(reward: str, mon
         for v in columns[reward]:
             assert v is None or math.isfinite(v), f"{reward} on {name} gave {v}"
     assert not slow, f"{reward} was not bounded on: {', '.join(slow)}"
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_COMPLETIONS))
+def test_environment_action_parsers_stay_bounded(name: str) -> None:
+    """The in-repo environments read actions out of model text too (a rollout stalls just the same)."""
+    text = HOSTILE_COMPLETIONS[name]
+    parsers = []
+    try:
+        from rl_plugin_openenv.actions import parse_action
+
+        parsers.append(parse_action)
+    except ImportError:
+        pass
+    try:
+        from rl_plugin_gym.actions import DiscreteParser, answer_text, last_int
+
+        parsers += [answer_text, last_int, DiscreteParser(4, names=["LEFT", "DOWN", "RIGHT", "UP"])]
+    except ImportError:
+        pass
+    with memory_cap():
+        t0 = time.monotonic()
+        for parse in parsers:
+            try:
+                parse(text)
+            except ValueError:
+                pass  # refused (e.g. an integer of a million digits): fine, it returned
+        elapsed = time.monotonic() - t0
+    assert elapsed < BOUND_S, f"{name}: action parsing took {elapsed:.1f}s"

@@ -35,6 +35,8 @@ HOSTILE_COMPLETIONS: dict[str, str] = {
     "deep_parens": "(" * 100_000 + "1" + ")" * 100_000,
     "deep_braces_boxed": "\\boxed{" + "{" * 50_000 + "1" + "}" * 50_000 + "}",
     "unclosed_brackets": "[" * 200_000,
+    "unclosed_braces": "{" * 100_000,
+    "open_fence_spaces": "```json\n" + " " * 200_000 + "x",
     "deep_json_tool_call": "<tool_call>" + "[" * 100_000 + "</tool_call>",
     "deep_frac": "\\boxed{" + "\\frac{1}{" * 2_000 + "2" + "}" * 2_000 + "}",
     # megabyte strings and tag floods

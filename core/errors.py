@@ -44,4 +44,8 @@ class MissingDependencyError(RlcoreError, ImportError):
 
 class RunFailedError(RlcoreError):
     """A run that can no longer mean anything: every trajectory failed, or most of them for several
-    steps in a row, or a reward raised on every sample. The run stops with a non-zero exit."""
+    steps in a row. The run stops with a non-zero exit."""
+
+
+class RewardFunctionError(RlcoreError):
+    """A reward function raised on every sample of a batch: the run would train on nothing."""

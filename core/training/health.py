@@ -1,11 +1,11 @@
 """Stop a run that can no longer mean anything, with one line saying why.
 
-Why: a run whose environment server is down fails every trajectory; one whose reward raises on
-every sample scores nothing. Both used to "train" on (loss 0, reward 0.000 → 0.000), print done
-and exit 0. A few failed trajectories are normal (a flaky env, a timeout) and the step goes on
-without them; a failed share above ``failure_threshold`` for ``failure_patience`` generation steps
-in a row, or a reward that raises on every sample for as many steps, stops the run with
+Why: a run whose environment server is down fails every trajectory; it used to "train" on
+(loss 0, reward 0.000 → 0.000), print done and exit 0. A few failed trajectories are normal (a
+flaky env, a timeout) and the step goes on without them; a failed share above
+``failure_threshold`` for ``failure_patience`` generation steps in a row stops the run with
 :class:`~rlcore.errors.RunFailedError` (the CLI exits non-zero). Checkpoints already written stay.
+(A reward that raises on every sample stops the run at once: ``GRPOTrainer._check_reward_failures``.)
 """
 
 from __future__ import annotations
@@ -23,9 +23,8 @@ class RunHealth:
         self.threshold = float(threshold)
         self.patience = int(patience)
         self.failing_steps = 0
-        self.reward_failing_steps: Counter[str] = Counter()
 
-    def check(self, trajectories: Sequence[Any], reward_errors: dict[str, float] | None = None) -> None:
+    def check(self, trajectories: Sequence[Any]) -> None:
         n = len(trajectories)
         if not n:
             return
@@ -40,13 +39,3 @@ class RunHealth:
                 f"{self.failing_steps} generation steps; most common reason ({count}/{len(failed)}): {reason[:300]} "
                 "— fix the cause (or raise failure_threshold / failure_patience)"
             )
-        for key, errors in (reward_errors or {}).items():
-            if not key.startswith("reward_errors/"):
-                continue
-            name = key.split("/", 1)[1]
-            self.reward_failing_steps[name] = self.reward_failing_steps[name] + 1 if errors >= n else 0
-            if self.reward_failing_steps[name] >= self.patience:
-                raise RunFailedError(
-                    f"reward {name!r} raised on every sample in each of the last {self.patience} generation steps; "
-                    f"call it on one trajectory's inputs to see the error, fix it, and start again"
-                )

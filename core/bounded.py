@@ -108,6 +108,7 @@ class BoundedWorker:
         self.timeouts = 0  # calls that hit the deadline (their worker was killed)
         self.restarts = 0
         self._proc: subprocess.Popen[bytes] | None = None
+        self._owner = os.getpid()  # a forked copy of this object must not kill its parent's worker
         self._lock = threading.Lock()
 
     # --- process lifecycle --------------------------------------------------------------------------
@@ -153,7 +154,7 @@ class BoundedWorker:
 
     def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
         try:
-            if self._proc is not None:
+            if self._proc is not None and os.getpid() == self._owner:
                 self._kill(self._proc)
         except Exception:
             pass
@@ -164,6 +165,8 @@ class BoundedWorker:
         seconds (default: the worker's) and :class:`CallFailed` when the function raised."""
         limit = self.timeout if timeout is None else float(timeout)
         with self._lock:
+            if os.getpid() != self._owner:  # forked: the worker and its pipes belong to the parent
+                self._owner, self._proc = os.getpid(), None
             if self._proc is None or self._proc.poll() is not None:
                 if self._proc is not None:
                     self.restarts += 1

@@ -62,13 +62,16 @@ timeouts = _Timeouts()
 
 
 _worker: BoundedWorker | None = None
+_worker_pid = 0
 _worker_lock = threading.Lock()
 
 
 def _math_worker() -> BoundedWorker:
-    global _worker
+    """This process's math-verify worker (a forked child starts its own: pipes are not shareable)."""
+    global _worker, _worker_pid
     with _worker_lock:
-        if _worker is None:
+        if _worker is None or _worker_pid != os.getpid():
+            _worker_pid = os.getpid()
             _worker = BoundedWorker("rl_plugin_math.accuracy:math_verify_direct", timeout=DEFAULT_TIMEOUT,
                                     warmup=("\\boxed{\\frac{1}{2}}", "0.5"))
         return _worker

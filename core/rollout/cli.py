@@ -65,7 +65,7 @@ def check_options(opts: dict[str, Any]) -> None:
             raise ConfigError(f"{flag} must be {rule}, got {opts[flag.lstrip('-').replace('-', '_')]}")
 
     need(opts["num_generations"] >= 1, "--num-generations", "at least 1")
-    need(opts["max_tokens"] >= 1, "--max-tokens", "at least 1")
+    need(opts["max_tokens"] is None or opts["max_tokens"] >= 1, "--max-tokens", "at least 1")
     need(opts["limit"] >= 0, "--limit", "0 (all prompts) or a positive number of prompts")
     need(opts["concurrency"] >= 1, "--concurrency", "at least 1")
     need(opts["max_turns"] is None or opts["max_turns"] >= 1, "--max-turns", "at least 1")

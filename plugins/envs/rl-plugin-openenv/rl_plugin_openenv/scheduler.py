@@ -43,8 +43,10 @@ class OpenEnvScheduler(EnvScheduler):
     ``reset_kwargs`` (dict), ``max_concurrent_envs`` (sessions per server; None = ask the server),
     ``call_timeout`` / ``connect_timeout`` (seconds per call / per connect), ``max_retries``
     (extra attempts to open a session), ``invalid_action`` ("observe" or "fail"),
-    ``stop_on_truncation`` (end the episode when a reply hits ``max_tokens``; default True), and the
-    :class:`~rlcore.rollout.EnvScheduler` ones (``max_turns``, ``env_timeout``).
+    ``allowed_env_urls`` (comma-separated servers a row's ``env_config.base_url`` may name besides
+    ``env_url``; any other fails that trajectory) or ``allow_any_env_url`` (trust every row's URL),
+    and the :class:`~rlcore.rollout.EnvScheduler` ones (``max_turns``, ``env_timeout``, ``stop``,
+    ``stop_on_truncation``).
     """
 
     name = "openenv_scheduler"
@@ -62,7 +64,8 @@ class OpenEnvScheduler(EnvScheduler):
         max_retries: int = 5,
         invalid_action: str = "observe",
         env_timeout: float | None = 300.0,
-        stop_on_truncation: bool = True,
+        allowed_env_urls: str | list[str] | None = None,
+        allow_any_env_url: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(sampler, max_concurrent_envs=max_concurrent_envs or 1024, env_timeout=env_timeout, **kwargs)
@@ -72,7 +75,6 @@ class OpenEnvScheduler(EnvScheduler):
             raise ConfigError(f"max_concurrent_envs must be >= 1, got {max_concurrent_envs}")
         self.max_sessions = int(max_concurrent_envs) if max_concurrent_envs else None
         self.invalid_action = invalid_action
-        self.stop_on_truncation = bool(stop_on_truncation)
         self.defaults: dict[str, Any] = {
             "base_url": env_url,
             "system_message": system_message,
@@ -81,9 +83,21 @@ class OpenEnvScheduler(EnvScheduler):
             "connect_timeout": connect_timeout,
             "max_retries": max_retries,
         }
+        # a dataset row may point a trajectory at a server (env_config.base_url): only at one the run
+        # configured, unless told otherwise — a row must not make the trainer connect anywhere it likes
+        extra = allowed_env_urls.split(",") if isinstance(allowed_env_urls, str) else list(allowed_env_urls or [])
+        self.allowed_env_urls = {http_url(u.strip()) for u in [env_url or "", *extra] if u and u.strip()}
+        self.allow_any_env_url = bool(allow_any_env_url)
         self.stats = ClientStats()
         self._limiters: dict[str, SessionLimiter] = {}
         self._sizing: dict[str, asyncio.Future[SessionLimiter]] = {}
+
+    @staticmethod
+    def default_task() -> Any:
+        """The embedded default when no dataset is given (:mod:`rl_plugin_openenv.default_task`)."""
+        from .default_task import guess_number_task
+
+        return guess_number_task()
 
     # --- formats (override for another environment) ---------------------------------------------
     def parse_action(self, text: str) -> Any:
@@ -103,8 +117,19 @@ class OpenEnvScheduler(EnvScheduler):
         """This trajectory's config: the row's ``env_config`` over the scheduler defaults."""
         return merge_env_config(self.defaults, trajectory.data_dict.get("env_config"))
 
+    def check_env_url(self, base_url: str) -> None:
+        """Refuse a server URL the run did not configure (``env_url`` / ``allowed_env_urls``)."""
+        if self.allow_any_env_url or http_url(str(base_url)) in self.allowed_env_urls:
+            return
+        allowed = ", ".join(sorted(self.allowed_env_urls)) or "none"
+        raise ConfigError(
+            f"env_config.base_url {str(base_url)[:120]!r} is not an allowed OpenEnv server (allowed: {allowed}); "
+            "add it with --allowed-env-urls, or pass --allow-any-env-url to trust the dataset's URLs"
+        )
+
     async def make_env(self, trajectory: Trajectory) -> OpenEnvEnv:
         config = self.env_config(trajectory)
+        self.check_env_url(config["base_url"])
         return OpenEnvEnv(config, limiter=await self.limiter_for(config["base_url"]), stats=self.stats)
 
     async def limiter_for(self, base_url: str) -> SessionLimiter:
@@ -167,22 +192,15 @@ class OpenEnvScheduler(EnvScheduler):
                 return {"done": True}
             infer_request.infos["invalid_actions"] = infer_request.infos.get("invalid_actions", 0) + 1
             self._pending[infer_request.uuid] = self.format_rejection(exc)
-            return {"done": False, "reward": 0.0, "infos": {"env_steps": current_turn}}
+            return {"done": False, "reward": 0.0, "infos": {"env_steps": current_turn, "env_done": False}}
         except Exception as exc:  # noqa: BLE001 - fails this trajectory only
             infer_request.fail(_reason("step", exc, self.env_timeout))
             return {"done": True}
         self._pending[infer_request.uuid] = self.format_observation(observation)
-        infos: dict[str, Any] = {"env_steps": current_turn}
+        infos: dict[str, Any] = {"env_steps": current_turn, "env_done": bool(done)}
         if info:
             infos["env_info"] = info
         return {"done": bool(done), "reward": float(reward), "infos": infos}
-
-    def check_finished(self, infer_request: Trajectory, response_choice: Completion, current_turn: int) -> bool:
-        """Default rules; with ``stop_on_truncation=False`` a reply cut by ``max_tokens`` is still sent
-        to the environment and the episode goes on (the env judges the partial action)."""
-        if response_choice.finish_reason == "length" and not self.stop_on_truncation:
-            return current_turn >= self.max_turns
-        return super().check_finished(infer_request, response_choice, current_turn)
 
     def metrics(self) -> dict[str, float]:
         """Client counters since this scheduler was made (``openenv/sessions_opened`` …)."""

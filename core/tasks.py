@@ -8,7 +8,8 @@ from the number-heavy corpus); GRPO quickly learns to answer in digits only, whi
 doubles the reward within a few dozen steps on a laptop CPU. Getting sums right is beyond a
 model this small in minutes — the point is to watch the whole loop work.
 
-This module is registered as a built-in plugin (the ``digits`` reward), so it stays free of torch
+This module is registered as a built-in plugin (the ``digits`` reward and the ``rlcore`` dataset
+source: ``--dataset rlcore:digits?n=2000&seed=3``, ``rlcore:arithmetic``), so it stays free of torch
 imports.
 """
 
@@ -18,6 +19,7 @@ import random
 import re
 from typing import Any, Callable
 
+from .errors import DatasetError
 from .hookspecs import hookimpl
 
 TASK_NAME = "digits"
@@ -71,3 +73,31 @@ DEFAULT_TRAIN_CONFIG: dict[str, Any] = {
 @hookimpl
 def register_rewards(register: Callable[..., None]) -> None:
     register(TASK_NAME, "rlcore.tasks:digits_reward", description="default task: answer sums with digits")
+
+
+_SOURCE_OPTIONS = {"digits": ("n", "seed", "max_operand"), "arithmetic": ()}
+
+
+def rlcore_source(spec: str, **options: Any) -> list[dict[str, Any]]:
+    """The built-in dataset source ``rlcore:``: ``digits`` (options ``n``, ``seed``, ``max_operand``)
+    and ``arithmetic`` (the 48-row set ``rlcore rollout`` uses by default)."""
+    if spec not in _SOURCE_OPTIONS:
+        raise DatasetError(f"rlcore:{spec} is not a built-in dataset; built-in ones are: {', '.join('rlcore:' + k for k in _SOURCE_OPTIONS)}")
+    unknown = sorted(set(options) - set(_SOURCE_OPTIONS[spec]))
+    if unknown:
+        allowed = ", ".join(_SOURCE_OPTIONS[spec]) or "none"
+        raise DatasetError(f"rlcore:{spec} has no option {', '.join(unknown)}; its options: {allowed}")
+    if spec == "arithmetic":
+        from .data import builtin_dataset
+
+        return builtin_dataset()
+    try:
+        values = {k: int(v) for k, v in options.items()}
+    except (TypeError, ValueError):
+        raise DatasetError(f"rlcore:digits options must be integers, got {options}") from None
+    return digits_dataset(**values)
+
+
+@hookimpl
+def register_datasets(register: Callable[..., None]) -> None:
+    register("rlcore", rlcore_source, description="built-in tasks: rlcore:digits, rlcore:arithmetic")

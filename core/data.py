@@ -151,8 +151,9 @@ def parse_dataset_source(text: str, registry: Any = None) -> tuple[str, str, dic
     return name, spec, options
 
 
-def rows_from_source(name: str, spec: str, options: Mapping[str, Any], registry: Any = None) -> list[dict[str, Any]]:
-    """Call the dataset source ``name`` and check it returned a list of row dicts."""
+def rows_from_source(name: str, spec: str, options: Mapping[str, Any], registry: Any = None) -> Sequence[dict[str, Any]]:
+    """Call the dataset source ``name`` and check it returned row dicts: a list, or a sequence
+    that generates rows when read (kept lazy: ``len`` and indexing only)."""
     from .errors import RlcoreError
     from .plugins import plugins
 
@@ -164,8 +165,10 @@ def rows_from_source(name: str, spec: str, options: Mapping[str, Any], registry:
     except Exception as exc:  # noqa: BLE001 - a source's failure is reported as one line naming it
         detail = str(exc).splitlines()[0] if str(exc) else ""
         raise DatasetError(f"dataset source {name!r} ({component.dist}) failed on {spec!r}: {type(exc).__name__}: {detail}") from exc
-    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-        raise DatasetError(f"dataset source {name!r} ({component.dist}) must return a list of row dicts, got {type(rows).__name__}")
+    # a list is checked row by row; a lazy sequence (rows generated when read) by its first row only
+    lazy = isinstance(rows, Sequence) and not isinstance(rows, (list, tuple, str, bytes))
+    if not (isinstance(rows, list) or lazy) or not all(isinstance(r, dict) for r in (rows[:1] if lazy else rows)):
+        raise DatasetError(f"dataset source {name!r} ({component.dist}) must return a list (or sequence) of row dicts, got {type(rows).__name__}")
     return rows
 
 

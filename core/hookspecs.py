@@ -80,7 +80,8 @@ def register_datasets(register: Register) -> None:
     The factory is called as ``load_rows(spec, **options)`` with the text after ``my_source:`` and
     the options (the query string's values parsed as JSON where they parse, merged with the run's
     ``dataset_options``) and returns a list of row dicts (``question``/``prompt``/``messages`` plus
-    any columns rewards read). It should raise :class:`rlcore.DatasetError` with one line for bad
+    any columns rewards read), or a sequence that generates them when read, which stays lazy
+    through training (a step reads only the rows it draws). It should raise :class:`rlcore.DatasetError` with one line for bad
     input; anything else it raises is reported as the source's failure.
     """
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import types
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -57,11 +58,45 @@ def test_a_source_that_raises_is_one_line_naming_it() -> None:
     with pytest.raises(DatasetError) as err:
         rows_from_source("broken", "abc", {}, registry=p)
     assert str(err.value) == "dataset source 'broken' (rlcore) failed on 'abc': ValueError: cannot make abc"
-    with pytest.raises(DatasetError, match="'notrows'.*must return a list of row dicts, got str"):
+    with pytest.raises(DatasetError, match=r"'notrows'.*must return a list \(or sequence\) of row dicts, got str"):
         rows_from_source("notrows", "", {}, registry=p)
     # an option the source does not take is the source's error (TypeError), reported the same way
     with pytest.raises(DatasetError, match="failed on '': TypeError"):
         rows_from_source("notrows", "", {"size": 3}, registry=p)
+
+
+class LazyRows(Sequence):
+    """Rows made when read, recording which were."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.read = n, set()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.n))]
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        self.read.add(i)
+        return {"question": f"q{i}", "answer": str(i)}
+
+
+def test_a_lazy_source_stays_lazy_through_loading_and_the_trainer_rows() -> None:
+    from rlcore.training.data import as_rows, check_columns
+
+    made: list[LazyRows] = []
+
+    @hookimpl
+    def register_datasets(register):
+        register("lazy", lambda spec, n=10: made.append(LazyRows(int(n))) or made[-1])
+
+    p = Plugins(allow=[], builtins=[_plugin("ds_lazy_t", register_datasets=register_datasets)])
+    rows = rows_from_source("lazy", "", {"n": 1_000_000}, registry=p)
+    assert rows is made[-1] and as_rows(rows) is rows and check_columns(rows)
+    assert rows.read == {0}  # only the first row was looked at
+    assert rows_from_source("lazy", "", {"n": 5}, registry=p)[2:4] == [{"question": "q2", "answer": "2"}, {"question": "q3", "answer": "3"}]
 
 
 def test_builtin_rlcore_source_through_load_rows() -> None:

@@ -10,6 +10,7 @@ first observation themselves at reset.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from typing import Any, Iterable
 
 from ..errors import DatasetError
@@ -102,10 +103,14 @@ class PromptCursor:
         self._order = self._make_order()
 
 
-def as_rows(dataset: Any) -> list[dict[str, Any]]:
-    """A list of dicts from a list, a ``datasets.Dataset`` or any iterable of mappings."""
+def as_rows(dataset: Any) -> Sequence[dict[str, Any]]:
+    """A list of dicts from a list, a ``datasets.Dataset`` or any iterable of mappings. A lazy
+    sequence of rows (a dataset source that generates rows when read) is kept as it is, so a
+    step generates only the rows it draws."""
     if dataset is None:
         return []
+    if isinstance(dataset, Sequence) and not isinstance(dataset, (list, tuple, str, bytes)):
+        return dataset
     if isinstance(dataset, list):
         return [dict(r) for r in dataset]
     return [dict(r) for r in _iter(dataset)]

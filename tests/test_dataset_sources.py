@@ -120,9 +120,13 @@ def test_not_a_source(tmp_path) -> None:
         load_rows(str(f), options={"size": 3})
 
 
-def test_a_source_from_a_plugin_that_is_not_installed_says_what_to_install() -> None:
-    with pytest.raises(UnknownComponentError, match="pip install rl-plugin-reasoning-gym"):
+def test_a_source_from_a_plugin_that_is_not_loaded_names_the_package() -> None:
+    """Core tests load built-ins only: whether rl-plugin-reasoning-gym is installed (then: it is not in
+    RLCORE_PLUGINS) or not (then: pip install it), the one line names the package."""
+    with pytest.raises(UnknownComponentError) as err:
         load_rows("reasoning_gym:leg_counting")
+    msg = str(err.value)
+    assert msg.startswith("no dataset named 'reasoning_gym'") and "rl-plugin-reasoning-gym" in msg and "\n" not in msg
 
 
 def test_parse_dataset_options() -> None:

@@ -30,7 +30,10 @@ def check_columns(rows: list[dict[str, Any]], prompt_column: str | None = None, 
     if not isinstance(first, dict):
         raise DatasetError(f"{source}: row 0 is a {type(first).__name__}, expected an object with columns")
     env_only = prompt_column is None and "env_config" in first and not any(c in first for c in _PROMPT_COLUMNS)
-    for index, row in enumerate(rows):
+    # a lazy sequence (rows a dataset source generates when read) is checked by its first row: checking
+    # all would generate them all; each later row is still checked when a step draws it (make_prompt)
+    checked = rows if isinstance(rows, (list, tuple)) else rows[:1]
+    for index, row in enumerate(checked):
         if env_only:
             if not isinstance(row, dict):
                 raise DatasetError(f"{source}: row {index} is a {type(row).__name__}, expected an object with columns")

@@ -55,14 +55,10 @@ def digits_reward(completions: list[str], answer: list[Any]) -> list[float]:
     return out
 
 
-#: GRPOConfig values of the embedded default run (tuned to learn within minutes on 2 CPU cores)
-DEFAULT_TRAIN_CONFIG: dict[str, Any] = {
-    "output_dir": "rlcore-output/digits",
-    "reward_funcs": [TASK_NAME],
+#: GRPOConfig values every embedded tiny-model recipe shares (tuned to learn within minutes on 2 CPU
+#: cores); an embedded task adds its batch size and lengths (schedulers' default tasks build on it too)
+TINY_MODEL_RECIPE: dict[str, Any] = {
     "num_generations": 8,
-    "per_device_train_batch_size": 32,
-    "max_completion_length": 8,
-    "max_prompt_length": 64,
     "max_steps": 60,
     "learning_rate": 3e-3,
     "lr_scheduler_type": "constant",
@@ -74,6 +70,16 @@ DEFAULT_TRAIN_CONFIG: dict[str, Any] = {
     "save_strategy": "no",
     "seed": 0,
     "report_to": "none",
+}
+
+#: GRPOConfig values of the embedded default run (the digits task)
+DEFAULT_TRAIN_CONFIG: dict[str, Any] = {
+    "output_dir": "rlcore-output/digits",
+    "reward_funcs": [TASK_NAME],
+    **TINY_MODEL_RECIPE,
+    "per_device_train_batch_size": 32,
+    "max_completion_length": 8,
+    "max_prompt_length": 64,
 }
 
 

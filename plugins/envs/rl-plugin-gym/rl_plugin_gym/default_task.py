@@ -11,7 +11,7 @@ the shortest path's length). The ``recipe`` makes the built-in tiny model learn 
 
 from __future__ import annotations
 
-from rlcore.tasks import DefaultTask
+from rlcore.tasks import TINY_MODEL_RECIPE, DefaultTask
 
 PROMPTS = 256
 
@@ -28,20 +28,6 @@ def gym_task() -> DefaultTask:
             "max_completion_length": 4,
             "max_prompt_length": 256,
         },
-        recipe={
-            "num_generations": 8,
-            "per_device_train_batch_size": 16,
-            "max_steps": 60,
-            "learning_rate": 3e-3,
-            "lr_scheduler_type": "constant",
-            "warmup_steps": 0,
-            "loss_type": "dapo",
-            "beta": 0.0,
-            "temperature": 1.0,
-            "logging_steps": 1,
-            "save_strategy": "no",
-            "seed": 0,
-            "report_to": "none",
-        },
+        recipe={**TINY_MODEL_RECIPE, "per_device_train_batch_size": 16},
         scheduler_options={"env": "frozen_lake", "stop": [" ", "\n"], "stop_on_truncation": False},
     )

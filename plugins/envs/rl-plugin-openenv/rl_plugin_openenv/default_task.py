@@ -11,7 +11,7 @@ the guesses run out. The ``recipe`` is what makes the built-in tiny model learn 
 
 from __future__ import annotations
 
-from rlcore.tasks import DefaultTask
+from rlcore.tasks import TINY_MODEL_RECIPE, DefaultTask
 
 LOW, HIGH, GUESSES = 1, 64, 6
 PROMPTS = 256
@@ -34,20 +34,6 @@ def guess_number_task() -> DefaultTask:
             "max_completion_length": 6,
             "max_prompt_length": 128,
         },
-        recipe={
-            "num_generations": 8,
-            "per_device_train_batch_size": 32,
-            "max_steps": 60,
-            "learning_rate": 3e-3,
-            "lr_scheduler_type": "constant",
-            "warmup_steps": 0,
-            "loss_type": "dapo",
-            "beta": 0.0,
-            "temperature": 1.0,
-            "logging_steps": 1,
-            "save_strategy": "no",
-            "seed": 0,
-            "report_to": "none",
-        },
+        recipe={**TINY_MODEL_RECIPE, "per_device_train_batch_size": 32},
         scheduler_options={"stop": [" ", "\n"], "stop_on_truncation": False},
     )

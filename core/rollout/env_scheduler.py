@@ -74,7 +74,7 @@ class EnvScheduler(MultiTurnScheduler):
             messages.append(dict(trajectory.messages[0]))
         messages.append({"role": "user", "content": self.format_observation(observation)})
         trajectory.messages[:] = messages
-        trajectory.prompt_ids = encode_prompt(self._require_tokenizer(), messages, tools=self.tools)
+        trajectory.prompt_ids = encode_prompt(self._require_tokenizer(), messages, tools=self.template_tools)
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def on_trajectory_start(self, trajectories: list[Trajectory]) -> None:

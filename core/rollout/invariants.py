@@ -99,7 +99,7 @@ def check_trajectory(
         want_prompt = tk.render(tokenizer, traj.messages[:n_prompt], add_generation_prompt=True, tools=tools)
         have_prompt = tk.decode(tokenizer, traj.prompt_ids)
         # a prompt cut to max_prompt_length keeps its last tokens: a suffix of the rendering is sound
-        if not have_prompt or not want_prompt.endswith(have_prompt):
+        if not prompt_matches(tokenizer, traj.messages[:n_prompt], traj.prompt_ids, have_prompt, want_prompt):
             out.append(Violation(traj.uuid, "prompt",
                                  f"prompt_ids do not spell the prompt messages: {_diff(have_prompt, want_prompt)}", 0))
             return out
@@ -165,6 +165,20 @@ def fail_violations(trajectories: Iterable[Trajectory], violations: Iterable[Vio
             t.infos["invariant"] = v.check
             n += 1
     return n
+
+
+def prompt_matches(tokenizer: Any, messages: list[dict[str, Any]], prompt_ids: Sequence[int], have: str, want: str) -> bool:
+    """Whether prompt tokens (decoded: ``have``) stand for the prompt messages (rendered: ``want``).
+
+    Sound: the rendering, or its tail (left-truncated to max_prompt_length), or — TRL's *standard*
+    prompt, a plain-text ``prompt`` column tokenized without the chat template — exactly the text
+    of the single user message (special tokens such as a BOS aside)."""
+    if have and want.endswith(have):
+        return True
+    if len(messages) == 1 and messages[0].get("role") == "user":
+        content = str(messages[0].get("content") or "")
+        return bool(content) and tokenizer.decode(list(prompt_ids), skip_special_tokens=True) == content
+    return False
 
 
 _MARK = "\u2063RLCORE-CHECK-{}\u2063"

@@ -313,15 +313,18 @@ def merge_turn_results(trajectory: Trajectory, results: list[Any]) -> bool:
 def sync_prompt(tokenizer: Any, trajectory: Trajectory, tools: list[dict[str, Any]] | None) -> None:
     """Make ``prompt_ids`` follow ``messages`` before the first turn (fix for schedulers that replace
     the messages — ms-swift's GYMScheduler seeds system prompt and first observation — and leave
-    the dataset row's prompt tokens). Left-truncated prompts (max_prompt_length) are kept."""
+    the dataset row's prompt tokens). Left-truncated prompts (max_prompt_length) and TRL-style
+    untemplated text prompts are kept."""
     from . import tokens as tk
 
     if not trajectory.messages:
         return
     _check_messages(trajectory.messages, "the scheduler")
+    from .invariants import prompt_matches
+
     want = tk.render(tokenizer, trajectory.messages, add_generation_prompt=True, tools=tools)
     have = tk.decode(tokenizer, trajectory.prompt_ids)
-    if have and want.endswith(have):
+    if prompt_matches(tokenizer, trajectory.messages, trajectory.prompt_ids, have, want):
         return
     trajectory.prompt_ids = tk.encode_text(tokenizer, want)
     trajectory.infos["prompt_reencoded"] = True

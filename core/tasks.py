@@ -13,7 +13,8 @@ define ``default_task()`` returning a :class:`DefaultTask` (prompts for its envi
 a per-turn token cap and stop strings, and the recipe that makes the tiny model learn in minutes).
 ``rlcore train`` / ``rlcore rollout`` use it when no dataset is given (:func:`default_task_for`).
 
-This module is registered as a built-in plugin (the ``digits`` reward), so it stays free of torch
+This module is registered as a built-in plugin (the ``digits`` reward and the ``rlcore`` dataset
+source: ``--dataset rlcore:digits?n=2000&seed=3``, ``rlcore:arithmetic``), so it stays free of torch
 imports.
 """
 
@@ -25,6 +26,7 @@ from typing import Any, Callable
 
 import attrs
 
+from .errors import DatasetError
 from .hookspecs import hookimpl
 
 TASK_NAME = "digits"
@@ -122,3 +124,31 @@ def default_task_for(scheduler_factory: Any) -> DefaultTask:
 @hookimpl
 def register_rewards(register: Callable[..., None]) -> None:
     register(TASK_NAME, "rlcore.tasks:digits_reward", description="default task: answer sums with digits")
+
+
+_SOURCE_OPTIONS = {"digits": ("n", "seed", "max_operand"), "arithmetic": ()}
+
+
+def rlcore_source(spec: str, **options: Any) -> list[dict[str, Any]]:
+    """The built-in dataset source ``rlcore:``: ``digits`` (options ``n``, ``seed``, ``max_operand``)
+    and ``arithmetic`` (the 48-row set ``rlcore rollout`` uses by default)."""
+    if spec not in _SOURCE_OPTIONS:
+        raise DatasetError(f"rlcore:{spec} is not a built-in dataset; built-in ones are: {', '.join('rlcore:' + k for k in _SOURCE_OPTIONS)}")
+    unknown = sorted(set(options) - set(_SOURCE_OPTIONS[spec]))
+    if unknown:
+        allowed = ", ".join(_SOURCE_OPTIONS[spec]) or "none"
+        raise DatasetError(f"rlcore:{spec} has no option {', '.join(unknown)}; its options: {allowed}")
+    if spec == "arithmetic":
+        from .data import builtin_dataset
+
+        return builtin_dataset()
+    try:
+        values = {k: int(v) for k, v in options.items()}
+    except (TypeError, ValueError):
+        raise DatasetError(f"rlcore:digits options must be integers, got {options}") from None
+    return digits_dataset(**values)
+
+
+@hookimpl
+def register_datasets(register: Callable[..., None]) -> None:
+    register("rlcore", rlcore_source, description="built-in tasks: rlcore:digits, rlcore:arithmetic")

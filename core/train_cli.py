@@ -24,8 +24,9 @@ from .errors import ConfigError
 SCRIPT_FLAGS = {
     "config": "YAML/TOML file of GRPOConfig values (flags override it)",
     "model": "HF model id or local path [default: the built-in tiny model]",
-    "dataset": ".jsonl/.json/.parquet file or datasets name [default: the built-in digits task]",
+    "dataset": ".jsonl/.json/.parquet file, datasets name, or SOURCE:SPEC?key=value of a dataset source [default: the built-in digits task]",
     "dataset_split": "split of a datasets name [default: train]",
+    "dataset_options": "options for a dataset source (SOURCE:SPEC), key=value,key=value or JSON, e.g. size=2000,seed=3",
     "prompt_column": "column holding the prompt when it is not prompt/messages/question",
     "system_prompt": "system message prepended to every prompt",
     "reward": "reward name (repeatable): `rlcore components reward`",
@@ -215,11 +216,15 @@ def build_plan(argv: Sequence[str]) -> TrainPlan:
     elif model.startswith((".", "/", "~")) and not os.path.exists(os.path.expanduser(model)):
         raise ConfigError(f"model path {model} does not exist; pass an existing directory or a Hugging Face id")
     if embedded is not None:
+        if script.get("dataset_options"):
+            raise ConfigError("--dataset-options needs --dataset SOURCE:SPEC (a registered dataset source)")
         rows, task = list(embedded.rows), embedded.name
     else:
-        from .data import load_rows
+        from .data import load_rows, parse_dataset_options
 
-        rows, task = load_rows(script["dataset"], split=script.get("dataset_split") or "train"), str(script["dataset"])
+        rows = load_rows(script["dataset"], split=script.get("dataset_split") or "train",
+                         options=parse_dataset_options(script.get("dataset_options")))
+        task = str(script["dataset"])
     from .training.data import check_columns
 
     check_columns(rows, script.get("prompt_column"), f"dataset {task}")

@@ -32,7 +32,8 @@ def register(cli: Any) -> None:
 )
 @click.option("--scheduler", default="default", show_default=True, help="Scheduler name (rlcore components scheduler).")
 @click.option("--model", default=None, help="Model directory or hub id [default: the built-in tiny model].")
-@click.option("--dataset", default=None, help=".jsonl/.json/.parquet file or datasets name [default: built-in arithmetic].")
+@click.option("--dataset", default=None, help=".jsonl/.json/.parquet file, datasets name, or SOURCE:SPEC?key=value of a dataset source [default: built-in arithmetic].")
+@click.option("--dataset-options", default=None, help="Options for a dataset source (SOURCE:SPEC): key=value,key=value or JSON.")
 @click.option("--split", default="train", show_default=True, help="Dataset split (datasets names).")
 @click.option("--prompt-column", default=None, help="Column holding the prompt when it is not messages/prompt/question.")
 @click.option("--system-prompt", default=None, help="System message prepended to every prompt.")
@@ -86,7 +87,7 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
 
     registry = importlib.import_module("rlcore.plugins")
     check_options(opts)
-    from ..data import load_prompts
+    from ..data import load_prompts, parse_dataset_options
     from ..plugins import RunHooks
     from ..rewards import as_reward, compute_rewards
     from ..types import SamplingParams
@@ -131,6 +132,7 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
         prompts = load_prompts(
             dataset, tokenizer, split=opts["split"], prompt_column=opts["prompt_column"],
             system_prompt=opts["system_prompt"], limit=opts["limit"] or None, tools=template_tools(scheduler),
+            options=parse_dataset_options(opts.get("dataset_options")),
         )
         params = SamplingParams(max_tokens=opts["max_tokens"], temperature=opts["temperature"], top_p=opts["top_p"], seed=opts["seed"])
         result = await run_rollouts(

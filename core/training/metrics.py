@@ -75,6 +75,11 @@ def trl_rollout_metrics(trajectories: Sequence[Any], columns: dict[str, list[flo
         "completions/max_terminated_length": max(terminated),
         "frac_reward_zero_std": zero_std_frac,
     }
+    if any("tool_calls" in t.infos for t in trajectories) or any(t.infos.get("tools") for t in trajectories):
+        calls = sum(int(t.infos.get("tool_calls", 0)) for t in trajectories)
+        errors = sum(int(t.infos.get("tool_errors", 0)) for t in trajectories)
+        out["tools/call_frequency"] = calls / len(trajectories)
+        out["tools/failure_frequency"] = errors / calls if calls else 0.0
     for name, vals in columns.items():
         clean = [v if v is not None else float("nan") for v in vals]
         out[f"rewards/{name}/mean"] = _mean(clean)

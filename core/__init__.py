@@ -17,6 +17,22 @@ from .errors import (
 from .hookspecs import hookimpl, hookspec
 from .plugins import RunHooks, available, get, plugins, reload_plugins
 from .types import Batch, ChatMessage, Completion, Prompt, SamplingParams, Trajectory, Turn
+# the base classes a plugin subclasses (DESIGN: every one is importable from ``rlcore``)
+from .envs import Env, EnvStep
+from .rewards import Reward
+from .rollout import (
+    EnvScheduler,
+    Messages,
+    MultiTurnScheduler,
+    ResponseChoice,
+    RolloutOutput,
+    RolloutScheduler,
+    ToolScheduler,
+    check_batch,
+    check_trajectory,
+    run_rollouts,
+)
+from .sampling.base import Sampler
 
 __version__ = "0.1.0"
 
@@ -30,6 +46,20 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module 'rlcore' has no attribute {name!r}")
 
 __all__ = [
+    "Env",
+    "EnvScheduler",
+    "EnvStep",
+    "Messages",
+    "MultiTurnScheduler",
+    "ResponseChoice",
+    "Reward",
+    "RolloutOutput",
+    "RolloutScheduler",
+    "Sampler",
+    "ToolScheduler",
+    "check_batch",
+    "check_trajectory",
+    "run_rollouts",
     "Batch",
     "ChatMessage",
     "Completion",

@@ -32,7 +32,7 @@ def plugins_command(as_json: bool, show_all: bool) -> None:
     from rich.table import Table
 
     table = Table(title="rlcore plugins" + (" (incl. built-in)" if show_all else ""))
-    for col in ("distribution", "version", "components", "hooks", "error"):
+    for col in ("distribution", "version", "components", "hooks", "error / clash"):
         table.add_column(col, overflow="fold")
     for r in records:
         comps = "\n".join(f"{k}: {', '.join(sorted(v))}" for k, v in sorted(r.components.items()))
@@ -41,7 +41,7 @@ def plugins_command(as_json: bool, show_all: bool) -> None:
             r.version or "-",
             comps or "-",
             "\n".join(sorted(r.hooks)) or "-",
-            f"[red]{r.error}[/red]" if r.error else "",
+            "\n".join(([f"[red]{r.error}[/red]"] if r.error else []) + [f"[yellow]clash: {c}[/yellow]" for c in r.clashes]),
         )
     console = Console(width=max(Console().width, 120))
     if not records:

@@ -34,6 +34,10 @@ class Env:
     #: the name it is registered under (set by the registry user, informative only)
     name: str = "env"
 
+    def __init__(self, env_config: dict[str, Any] | None = None, **options: Any) -> None:
+        """ms-swift's ``Env(env_config)`` shape and rlcore's keyword options both land in ``env_config``."""
+        self.env_config = {**(env_config or {}), **options}
+
     async def reset(self, request: Any) -> tuple[str, dict[str, Any], str | None]:
         raise NotImplementedError
 

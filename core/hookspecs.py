@@ -1,10 +1,10 @@
 """The hooks rlcore calls. Plugins implement them with ``@rlcore.hookimpl``.
 
 Two kinds. *Registration* hooks run once when plugins load; each receives a ``register(name,
-factory)`` callback. *Lifecycle* hooks run during a rollout or training step on the plugins active
-for that run (the chosen scheduler, its environment, the chosen rewards and advantage estimator,
-and any plugin module that implements them as an observer). Lifecycle hooks may be ``async def``:
-the driver awaits whatever comes back.
+factory)`` callback. *Lifecycle* hooks run during a rollout or training step on what the run
+chose: the scheduler (its methods), the named rewards and advantage estimator, and the observer
+plugins the run names. An installed package that merely implements a lifecycle hook takes no part
+in a run that does not name it. Lifecycle hooks may be ``async def``: the caller awaits them.
 """
 
 from __future__ import annotations
@@ -96,6 +96,11 @@ def register_commands(cli: Any) -> None:
 
 # ---------------------------------------------------------------------------------------------------
 # Lifecycle hooks
+#
+# One vocabulary: ms-swift's argument names. The run's scheduler implements the per-turn hooks as
+# its own methods and the rollout loop calls them directly (``self.step(...)``; Python's method
+# resolution and ``super()`` are the order — no adapter, no second dispatcher). pluggy calls the
+# same hooks on the observers a run names (``--observer NAME``), whose results are logged only.
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -103,42 +108,45 @@ def register_commands(cli: Any) -> None:
 def on_trajectory_start(trajectories: list[Any]) -> None:
     """Called once per batch before the first turn, with every trajectory of the batch.
 
-    All implementations run. Schedulers and environment adapters reset environments here and put
-    the first observation into each trajectory's ``messages``/``prompt_ids``; an implementation may
+    The scheduler's method runs first, then each named observer's. Schedulers reset environments
+    here and may replace each trajectory's ``messages`` (the prompt tokens follow them); they may
     mark a trajectory failed (``trajectory.fail(reason)``) instead of raising.
     """
 
 
 @hookspec
-def on_turn_end(trajectory: Any, completion: Any, turn: int) -> dict[str, Any] | None:
-    """Called after each assistant turn (``turn`` counts from 1) with the sampled ``completion``.
+def on_turn_end(infer_request: Any, response_choice: Any, current_turn: int) -> dict[str, Any] | None:
+    """Called after each assistant turn (``current_turn`` counts from 1) with the sampled choice.
 
-    All implementations run; the dicts they return are merged: ``done`` (bool, any True ends the
-    trajectory), ``infos`` (dict, merged into ``trajectory.infos``), ``reward`` (a step reward
-    appended to ``trajectory.step_rewards``). Environment adapters step their environment here.
+    The scheduler's result counts: ``done`` (bool, ends the trajectory), ``infos`` (or ms-swift's
+    ``rollout_infos``; merged into ``infer_request.infos``), ``reward`` (a step reward appended to
+    ``step_rewards``). Observers' results are logged under ``infos["observers"][name]`` and
+    ``infos["observer_rewards"]``: they never end a trajectory (unless the scheduler sets
+    ``observers_may_stop``) and never enter the trained reward.
     """
 
 
 @hookspec(firstresult=True)
-def step(trajectory: Any, completion: Any, turn: int) -> dict[str, Any] | None:
-    """Build the next turn. First result wins.
+def step(infer_request: Any, response_choice: Any, current_turn: int) -> dict[str, Any] | None:
+    """Build the next turn (the scheduler's method; one implementer per run).
 
-    Returns ms-swift's shape: ``{"infer_request": trajectory}`` after appending a message to
-    ``trajectory.messages`` (the engine appends that message's tokens, loss_mask 0), optionally with
+    Returns ms-swift's shape: ``{"infer_request": request}`` after appending a message to
+    ``request.messages`` (the engine appends that message's tokens, loss_mask 0), optionally with
     ``response_token_ids``, ``response_loss_mask``, ``rollout_logprobs`` and ``rollout_infos``.
     """
 
 
 @hookspec(firstresult=True)
-def check_finished(trajectory: Any, completion: Any, turn: int) -> bool | None:
-    """Say whether the trajectory is finished after ``turn``. First result wins; the built-in default
-    stops on ``finish_reason == "length"`` or when ``turn >= max_turns``."""
+def check_finished(infer_request: Any, response_choice: Any, current_turn: int) -> bool | None:
+    """Whether the trajectory is finished after ``current_turn`` (the scheduler's method; one
+    implementer per run). The base class stops on ``finish_reason == "length"`` or at ``max_turns``."""
 
 
 @hookspec
 def compute_reward(trajectories: list[Any]) -> dict[str, list[float | None]] | None:
-    """Score a batch. All implementations run; each returns named reward columns (one value per
-    trajectory, ``None`` where it could not score). The trainer takes the weighted sum."""
+    """Score a batch. Every reward the run names runs; each returns named reward columns (one value
+    per trajectory, ``None`` where it could not score). The trainer takes the weighted sum of the
+    named rewards' columns; a named observer's columns are logged (``rewards``) but weigh 0."""
 
 
 @hookspec(firstresult=True)

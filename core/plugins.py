@@ -2,8 +2,14 @@
 
 Built-in plugins are ordinary modules registered exactly like third-party ones; third-party plugins
 come from the ``rlcore`` entry-point group. ``RLCORE_PLUGINS=dist1,dist2`` limits which installed
-distributions load (empty: built-ins only; unset: all). A plugin that fails to import or registers
-a taken name is recorded with a one-line error and never takes the others down.
+distributions load (empty: built-ins only; unset: all). A plugin that fails to import is recorded
+with a one-line error and never takes the others down.
+
+Two packages registering the same name (an ms-swift port registering ``gym_scheduler`` next to
+rl-plugin-gym): the first to register keeps the plain name — built-ins first, then distributions in
+alphabetical order — and every other component of both still loads. The clash is shown by
+``rlcore plugins``; either one stays reachable as ``DIST:NAME`` (``--scheduler my-port:gym_scheduler``),
+and ``RLCORE_PREFER=NAME=DIST[,…]`` makes a distribution own a plain name.
 """
 
 from __future__ import annotations
@@ -93,6 +99,8 @@ class PluginRecord:
     error: str | None = None
     components: dict[str, list[str]] = attrs.field(factory=dict)
     hooks: list[str] = attrs.field(factory=list)
+    #: names this plugin registered that another distribution also registered (not an error)
+    clashes: list[str] = attrs.field(factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -103,6 +111,7 @@ class PluginRecord:
             "builtin": self.builtin,
             "hooks": sorted(self.hooks),
             "components": {k: sorted(v) for k, v in self.components.items()},
+            "clashes": list(self.clashes),
             "error": self.error,
         }
 
@@ -110,17 +119,26 @@ class PluginRecord:
 class Plugins:
     """The loaded plugin set: a pluggy manager, what each plugin registered, and what broke."""
 
-    def __init__(self, allow: Iterable[str] | None = None, builtins: Iterable[str] = BUILTIN_PLUGINS) -> None:
+    def __init__(
+        self,
+        allow: Iterable[str] | None = None,
+        builtins: Iterable[str] = BUILTIN_PLUGINS,
+        prefer: dict[str, str] | None = None,
+    ) -> None:
         self.pm = pluggy.PluginManager("rlcore")
         self.pm.add_hookspecs(hookspecs)
         self.records: dict[str, PluginRecord] = {}
         self.registry: dict[str, dict[str, Component]] = {k: {} for k in hookspecs.KINDS}
+        #: kind -> name -> components of the same name that lost the plain name (reachable as DIST:NAME)
+        self.shadowed: dict[str, dict[str, list[Component]]] = {k: {} for k in hookspecs.KINDS}
         self._aliases: dict[str, dict[str, str]] = {k: {} for k in hookspecs.KINDS}
         self.allow = None if allow is None else {_normalize(a) for a in allow}
+        self.prefer = {name: _normalize(dist) for name, dist in (prefer or {}).items()}
         for modname in builtins:
             self._register_module(modname, dist="rlcore", builtin=True)
         self._load_entrypoints()
         self._run_registrations()
+        self._apply_preferences()
 
     # --- loading ----------------------------------------------------------------------------------
     def _register_module(self, modname: str, dist: str, builtin: bool) -> None:
@@ -136,11 +154,15 @@ class Plugins:
     def _load_entrypoints(self) -> None:
         from importlib_metadata import entry_points
 
-        for ep in entry_points(group="rlcore"):
-            dist = ep.dist.name if ep.dist is not None else "unknown"
+        eps = sorted(entry_points(group="rlcore"), key=lambda e: (_normalize(_ep_dist(e)), e.name))
+        for ep in eps:  # alphabetical by distribution: which one keeps a clashing name does not vary
+            dist = _ep_dist(ep)
             if self.allow is not None and _normalize(dist) not in self.allow:
                 continue
-            version = ep.dist.version if ep.dist is not None else None
+            try:
+                version = ep.dist.version if ep.dist is not None else None
+            except Exception:  # noqa: BLE001
+                version = None
             if ep.name in self.records:
                 self.records[f"{dist}:{ep.name}"] = PluginRecord(
                     ep.name, dist, version, False,
@@ -173,33 +195,58 @@ class Plugins:
 
     def _registrar(self, kind: str, rec: PluginRecord) -> Callable[..., None]:
         def register(name: str, factory: Any, *, aliases: Iterable[str] = (), **meta: Any) -> None:
-            if not isinstance(name, str) or not name:
+            if not isinstance(name, str) or not name or ":" in name:
                 raise PluginError(f"{rec.dist} registered a {kind} with an invalid name {name!r}")
-            for n in (name, *aliases):
-                taken = self.registry[kind].get(n) or self.registry[kind].get(self._aliases[kind].get(n, ""))
-                if taken is not None:
-                    first, second = taken.dist, rec.dist
-                    if first == second:
-                        first, second = f"{first} ({taken.plugin})", f"{second} ({rec.name})"
-                    msg = (
-                        f"{kind} name {n!r} is registered by both {first} and {second}; "
-                        f"uninstall one of them or rename the {kind}"
-                    )
-                    rec.error = msg
-                    return
-            self.registry[kind][name] = Component(kind, name, factory, rec.name, rec.dist, dict(meta))
-            for a in aliases:
-                self._aliases[kind][a] = name
+            comp = Component(kind, name, factory, rec.name, rec.dist, dict(meta))
             rec.components.setdefault(kind, []).append(name)
+            taken = self._lookup(kind, name)
+            if taken is not None:
+                self._clash(kind, name, taken, comp, rec)
+                return
+            self.registry[kind][name] = comp
+            for a in aliases:
+                other = self._lookup(kind, a)
+                if other is not None:
+                    self._clash(kind, a, other, comp, rec)
+                else:
+                    self._aliases[kind][a] = name
 
         return register
 
+    def _lookup(self, kind: str, name: str) -> Component | None:
+        reg = self.registry[kind]
+        return reg.get(name) or reg.get(self._aliases[kind].get(name, ""))
+
+    def _clash(self, kind: str, name: str, keeper: Component, loser: Component, rec: PluginRecord) -> None:
+        """Same name from two plugins: the first keeps it, the second stays reachable as DIST:NAME."""
+        self.shadowed[kind].setdefault(name, []).append(loser)
+        note = (f"{kind} {name!r} is registered by both {keeper.dist} and {loser.dist}; {keeper.dist} keeps "
+                f"the name, use '{loser.dist}:{name}' or RLCORE_PREFER={name}={loser.dist} for the other")
+        for r in (rec, self.records.get(keeper.plugin)):
+            if r is not None and note not in r.clashes:
+                r.clashes.append(note)
+
+    def _apply_preferences(self) -> None:
+        for name, dist in self.prefer.items():
+            for kind in hookspecs.KINDS:
+                pick = next((c for c in self.shadowed[kind].get(name, []) if _normalize(c.dist) == dist), None)
+                if pick is not None:
+                    current = self.registry[kind][name]
+                    self.shadowed[kind][name] = [c for c in self.shadowed[kind][name] if c is not pick] + [current]
+                    self.registry[kind][name] = pick
+
     # --- lookup -----------------------------------------------------------------------------------
     def component(self, kind: str, name: str) -> Component:
+        """The component ``name`` of ``kind``; ``DIST:NAME`` picks one distribution's when two clash."""
         if kind not in self.registry:
             raise UnknownComponentError(f"unknown component kind {kind!r}; kinds are: {', '.join(hookspecs.KINDS)}")
-        reg = self.registry[kind]
-        comp = reg.get(name) or reg.get(self._aliases[kind].get(name, ""))
+        if ":" in name:
+            dist, _, plain = name.partition(":")
+            for c in [self._lookup(kind, plain), *self.shadowed[kind].get(plain, [])]:
+                if c is not None and _normalize(c.dist) == _normalize(dist):
+                    return c
+            raise UnknownComponentError(f"{dist} registers no {kind} named {plain!r}; {self._unknown_message(kind, plain)}")
+        comp = self._lookup(kind, name)
         if comp is not None:
             return comp
         raise UnknownComponentError(self._unknown_message(kind, name))
@@ -233,12 +280,25 @@ class Plugins:
         return list(self.records.values())
 
     def observers(self) -> list[Any]:
-        """Loaded plugin modules that implement lifecycle hooks: active in every run."""
+        """Loaded plugin modules that implement lifecycle hooks: the observers a run may name."""
         out = []
         for rec in self.records.values():
-            if rec.module is not None and any(h in hookspecs.LIFECYCLE_HOOKS for h in rec.hooks):
+            if rec.module is not None and not rec.builtin and any(h in hookspecs.LIFECYCLE_HOOKS for h in rec.hooks):
                 out.append(rec.module)
         return out
+
+    def observer(self, name: str) -> tuple[Any, str]:
+        """The observer plugin a run names (entry-point name or distribution), and its label."""
+        for rec in self.records.values():
+            if rec.module is None or rec.builtin:
+                continue
+            if name in (rec.name, rec.dist) or _normalize(name) == _normalize(rec.dist):
+                if not any(h in hookspecs.LIFECYCLE_HOOKS for h in rec.hooks):
+                    raise UnknownComponentError(f"plugin {name!r} ({rec.dist}) implements no lifecycle hook; it cannot observe a run")
+                return rec.module, rec.name
+        have = ", ".join(sorted(r.name for r in self.records.values() if r.module is not None and not r.builtin
+                                and any(h in hookspecs.LIFECYCLE_HOOKS for h in r.hooks))) or "none installed"
+        raise UnknownComponentError(f"no observer plugin named {name!r}; observers: {have}")
 
     def register_commands(self, cli: Any) -> None:
         for impl in self.pm.hook.register_commands.get_hookimpls():
@@ -249,6 +309,14 @@ class Plugins:
                 impl.function(cli=cli)
             except Exception as exc:  # noqa: BLE001
                 rec.error = f"register_commands raised {_one_line(exc)}"
+
+
+def _ep_dist(ep: Any) -> str:
+    """An entry point's distribution name ("unknown" when its metadata is missing or half-installed)."""
+    try:
+        return ep.dist.name if ep.dist is not None else "unknown"
+    except Exception:  # noqa: BLE001 - a broken install elsewhere must not stop plugin loading
+        return "unknown"
 
 
 def _dist_version(dist: str) -> str | None:
@@ -277,12 +345,24 @@ def _allow_from_env() -> list[str] | None:
     return [x.strip() for x in raw.split(",") if x.strip()]
 
 
+def _prefer_from_env() -> dict[str, str]:
+    """``RLCORE_PREFER="gym_scheduler=my-swift-port,other=dist"`` → ``{name: dist}``."""
+    out: dict[str, str] = {}
+    for item in (os.environ.get("RLCORE_PREFER") or "").split(","):
+        name, eq, dist = item.strip().partition("=")
+        if eq and name.strip() and dist.strip():
+            out[name.strip()] = dist.strip()
+        elif item.strip():
+            raise PluginError(f"RLCORE_PREFER entry {item.strip()!r} is not NAME=DISTRIBUTION")
+    return out
+
+
 def plugins() -> Plugins:
-    """The loaded plugin set (loaded on first use, honouring ``RLCORE_PLUGINS``)."""
+    """The loaded plugin set (loaded on first use, honouring ``RLCORE_PLUGINS`` and ``RLCORE_PREFER``)."""
     global _plugins
     with _lock:
         if _plugins is None:
-            _plugins = Plugins(allow=_allow_from_env())
+            _plugins = Plugins(allow=_allow_from_env(), prefer=_prefer_from_env())
         return _plugins
 
 
@@ -307,18 +387,32 @@ def available(kind: str) -> list[str]:
 
 # --- per-run hooks ---------------------------------------------------------------------------------
 class RunHooks:
-    """A pluggy manager for one run: the active components' lifecycle hooks plus observer plugins.
+    """A pluggy manager for one run: the components the run chose plus the observers it names.
 
-    Components registered later are called first, so a run's chosen scheduler wins ``step`` and
-    ``check_finished`` over built-in defaults (which are ``trylast``).
+    ``components`` (reward objects, an advantage estimator …) answer the hooks they implement.
+    Observers are opt-in per run: ``observers`` names installed plugins (entry-point or
+    distribution name), ``observer_objects`` passes objects. An installed package that merely
+    implements a lifecycle hook takes no part unless named. Observers are called separately
+    (:meth:`call_observers`): what they return is logged, never trained on.
     """
 
-    def __init__(self, *components: Any, observers: bool = True) -> None:
+    def __init__(
+        self,
+        *components: Any,
+        observers: Iterable[str] | bool = (),
+        observer_objects: Iterable[Any] = (),
+    ) -> None:
         self.pm = pluggy.PluginManager("rlcore")
         self.pm.add_hookspecs(hookspecs)
-        if observers:
-            for module in plugins().observers():
-                self.pm.register(module)
+        self.observer_names: dict[str, str] = {}  # pluggy plugin name -> display name
+        names = [] if isinstance(observers, bool) else list(observers)
+        for name in names:
+            module, label = plugins().observer(name)
+            self.observer_names[self.pm.register(module, name=f"observer:{label}") or f"observer:{label}"] = label
+        for obj in observer_objects:
+            if obj is not None and not self.pm.is_registered(obj):
+                label = getattr(obj, "name", None) or type(obj).__name__
+                self.observer_names[self.pm.register(obj) or ""] = str(label)
         for comp in components:
             self.add(comp)
 
@@ -329,23 +423,41 @@ class RunHooks:
     def implemented(self, hook: str) -> bool:
         return bool(getattr(self.pm.hook, hook).get_hookimpls())
 
+    def _components_caller(self, hook: str) -> Any:
+        if not self.observer_names:
+            return getattr(self.pm.hook, hook)
+        observers = [self.pm.get_plugin(n) for n in self.observer_names]
+        return self.pm.subset_hook_caller(hook, remove_plugins=[o for o in observers if o is not None])
+
     async def call_all(self, hook: str, **kwargs: Any) -> list[Any]:
-        """Every implementation's result in call order, ``None`` dropped. Async implementations run
-        concurrently (several async rewards overlap)."""
-        results = await gather_maybe(getattr(self.pm.hook, hook)(**kwargs))
+        """Every component's result in pluggy's call order, ``None`` dropped (observers excluded).
+        Async implementations run concurrently (several async rewards overlap)."""
+        results = await gather_maybe(self._components_caller(hook)(**kwargs))
         return [r for r in results if r is not None]
 
     async def call_first(self, hook: str, **kwargs: Any) -> Any:
-        """The first non-``None`` result, trying implementations in call order (async ones awaited)."""
-        caller = getattr(self.pm.hook, hook)
-        for impl in _call_order(caller.get_hookimpls()):
-            args = [kwargs[a] for a in impl.argnames]
-            r = await await_me_maybe(impl.function(*args))
+        """A ``firstresult`` hook's result: pluggy picks the implementation (its own order and
+        ``tryfirst``/``trylast``), an async one's coroutine is awaited."""
+        caller = self._components_caller(hook)
+        result = caller(**kwargs)
+        if not (caller.spec and caller.spec.opts.get("firstresult")):  # a collect-all hook: the first non-None
+            result = next((r for r in await gather_maybe(result) if r is not None), None)
+        return await await_me_maybe(result)
+
+    async def call_observers(self, hook: str, **kwargs: Any) -> dict[str, Any]:
+        """Each named observer's result for ``hook`` (by observer name); an observer that raises is
+        recorded as ``{"error": ...}`` — observing never fails a trajectory."""
+        out: dict[str, Any] = {}
+        if not self.observer_names:
+            return out
+        for impl in getattr(self.pm.hook, hook).get_hookimpls():
+            label = self.observer_names.get(impl.plugin_name)
+            if label is None:
+                continue
+            try:
+                r = await await_me_maybe(impl.function(*[kwargs[a] for a in impl.argnames]))
+            except Exception as exc:  # noqa: BLE001
+                r = {"infos": {"error": _one_line(exc)}}
             if r is not None:
-                return r
-        return None
-
-
-def _call_order(impls: list[Any]) -> list[Any]:
-    """pluggy stores impls trylast..tryfirst in ascending priority and calls them reversed."""
-    return list(reversed(impls))
+                out[label] = r
+        return out

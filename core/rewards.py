@@ -314,6 +314,15 @@ async def compute_rewards(
                 total += weights.get(name, 1.0) * v
                 scored = True
         t.reward = total if scored else None
+    call_observers = getattr(hooks, "call_observers", None)
+    if call_observers is not None:  # named observers' columns: logged as extra columns, weight 0
+        for res in (await call_observers("compute_reward", trajectories=trajectories)).values():
+            if isinstance(res, dict):
+                for name, vals in res.items():
+                    vals = _check(f"observer/{name}", vals, len(trajectories))
+                    columns[f"observer/{name}"] = vals
+                    for i, t in enumerate(trajectories):
+                        t.rewards[f"observer/{name}"] = vals[i]
     return columns
 
 

@@ -289,12 +289,27 @@ class GRPOTrainer(Trainer):
         try:
             result = run_sync(run_rollouts(
                 self.scheduler_obj, list(prompts), num_generations=num_generations or self.args.num_generations,
-                sampling_params=sampling_params(self.args), components=(),
+                sampling_params=sampling_params(self.args), components=(), observers=tuple(self.args.observers or ()),
                 concurrency=self.args.rollout_concurrency, progress=False, timeout=self.args.rollout_timeout,
+                check=False,  # the batch check below runs the same invariants once, batch-wide
             ))
         finally:
             self.model.train(was_training)
+        self._check_batch(result.trajectories)
         return result.trajectories
+
+    def _check_batch(self, trajs: list[Trajectory]) -> None:
+        """The rollout invariants on every batch (tokens vs conversation, prompt, logprobs, status,
+        unique uuids); a violation fails that trajectory (it does not train) and is counted."""
+        from .rollout.driver import template_tools
+        from .rollout.invariants import check_batch, fail_violations
+        from .rollout.scheduler import scheduler_label
+
+        t0 = time.perf_counter()
+        tok = getattr(self.scheduler_obj, "tokenizer", None) or self.processing_class
+        violations = check_batch(trajs, tok, tools=template_tools(self.scheduler_obj))
+        self._invariant_failures = fail_violations(trajs, violations, scheduler_label(self.scheduler_obj))
+        self._invariant_check_s = time.perf_counter() - t0
 
     def _score(self, trajs: list[Trajectory]) -> tuple[Any, dict[str, list[float | None]], AdvantageStats]:
         context = RewardContext(trainer_state=self.state, log_metric=self._log_reward_metric, log_extra=self._log_reward_extra,
@@ -303,7 +318,7 @@ class GRPOTrainer(Trainer):
             if hasattr(r, "trainer_state"):
                 r.trainer_state = self.state
             r.context = context
-        hooks = RunHooks(*self.reward_objects)
+        hooks = RunHooks(*self.reward_objects, observers=tuple(self.args.observers or ()))
         errors_before = {r.name: getattr(r, "errors", 0) for r in self.reward_objects}
         timeouts_before = {r.name: getattr(r, "timeouts", 0) for r in self.reward_objects}
         columns = run_sync(compute_rewards(hooks, trajs, self.reward_weights))
@@ -375,6 +390,8 @@ class GRPOTrainer(Trainer):
         self._attach_logps(batch)
         self._gen_metrics = rollout_metrics(trajs, columns, stats.zero_std_frac)
         self._gen_metrics.update(getattr(self, "_reward_errors", {}))
+        self._gen_metrics["invariant_violations"] = float(getattr(self, "_invariant_failures", 0))
+        self._gen_metrics["invariant_check_time"] = float(getattr(self, "_invariant_check_s", 0.0))
         self.health.check(trajs)  # raises RunFailedError on a dead run
         for name, values in self._pending_reward_metrics.items():
             self._gen_metrics[name] = sum(values) / len(values) if values else float("nan")

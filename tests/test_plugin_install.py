@@ -30,7 +30,7 @@ def register_schedulers(register):
 
 
 @rlcore.hookimpl
-def on_turn_end(trajectory, completion, turn):
+def on_turn_end(infer_request, response_choice, current_turn):
     return None
 '''
 
@@ -62,8 +62,11 @@ def test_new_plugin_package_is_listed_and_its_scheduler_resolves(tmp_path, monke
         rlcore.reload_plugins()
         factory = rlcore.get("scheduler", "echo_scheduler_e2e")
         assert factory(max_turns=3).options == {"max_turns": 3}
-        # a plugin implementing a lifecycle hook is an observer in every run
+        # a plugin implementing a lifecycle hook may be named as an observer; it joins no run by itself
         assert any(getattr(m, "__name__", "") == "rlcore_e2e_echo" for m in rlcore.plugins().observers())
+        hooks = rlcore.RunHooks()
+        assert not hooks.pm.get_plugins()
+        assert rlcore.RunHooks(observers=[dist]).observer_names
 
         # the allow-list keeps it out when not named
         monkeypatch.setenv("RLCORE_PLUGINS", "")
@@ -97,13 +100,44 @@ def test_plugin_whose_import_raises_is_shown_with_its_error(tmp_path, monkeypatc
         assert f"{bad_dist}: ImportError: this plugin needs libfoo" in str(err.value)
 
 
-def test_duplicate_names_across_distributions_name_both(tmp_path):
+def test_duplicate_names_first_keeps_it_both_load_and_an_explicit_setting_picks(tmp_path, monkeypatch):
+    """Policy for a name two installed packages register (an ms-swift port registering a name
+    rl-plugin-gym owns): the first (alphabetical distribution) keeps the plain name, every other
+    component of both still loads, `rlcore plugins` shows the clash, `DIST:NAME` or RLCORE_PREFER
+    picks the other."""
     a, b = "rlcore-e2e-dup-a", "rlcore-e2e-dup-b"
-    src = SCHEDULER_PLUGIN.replace("echo_scheduler_e2e", "dup_e2e")
-    pa = write_plugin_package(tmp_path, a, "rlcore_e2e_dup_a", src)
-    pb = write_plugin_package(tmp_path, b, "rlcore_e2e_dup_b", src)
-    with installed(pa, a), installed(pb, b):
+
+    def src(origin: str, extra: str) -> str:
+        return SCHEDULER_PLUGIN.replace('register("echo_scheduler_e2e", EchoScheduler)',
+                                        f'register("dup_e2e", EchoScheduler)\n    register("{extra}", EchoScheduler)').replace(
+            "self.options = options", f"self.options = options\n        self.origin = {origin!r}")
+
+    pa = write_plugin_package(tmp_path, a, "rlcore_e2e_dup_a", src("a", "only_a_e2e"))
+    pb = write_plugin_package(tmp_path, b, "rlcore_e2e_dup_b", src("b", "only_b_e2e"))
+    with installed(pb, b), installed(pa, a):
         listed = {d["name"]: d for d in _plugins_json(f"{a},{b}")}
-        errors = [d["error"] for d in listed.values() if d["error"]]
-        assert len(errors) == 1
-        assert a in errors[0] and b in errors[0] and "dup_e2e" in errors[0]
+        assert listed[a]["error"] is None and listed[b]["error"] is None
+        assert listed[a]["components"] == {"scheduler": ["dup_e2e", "only_a_e2e"]}
+        assert listed[b]["components"] == {"scheduler": ["dup_e2e", "only_b_e2e"]}
+        for d in (a, b):
+            (clash,) = listed[d]["clashes"]
+            assert f"{a} keeps the name" in clash and f"'{b}:dup_e2e'" in clash
+
+        monkeypatch.setenv("RLCORE_PLUGINS", f"{a},{b}")
+        rlcore.reload_plugins()
+        assert rlcore.get("scheduler", "dup_e2e")().origin == "a"
+        assert rlcore.get("scheduler", f"{b}:dup_e2e")().origin == "b"
+        assert rlcore.get("scheduler", "only_b_e2e")().origin == "b"  # the second's other components load
+
+        monkeypatch.setenv("RLCORE_PREFER", f"dup_e2e={b}")
+        rlcore.reload_plugins()
+        assert rlcore.get("scheduler", "dup_e2e")().origin == "b"
+        assert rlcore.get("scheduler", f"{a}:dup_e2e")().origin == "a"
+
+        # the table shows the clash too
+        env = dict(os.environ, RLCORE_PLUGINS=f"{a},{b}", COLUMNS="250")
+        env.pop("RLCORE_PREFER", None)
+        table = subprocess.run([sys.executable, "-m", "rlcore.cli", "plugins"], capture_output=True, text=True, env=env)
+        assert table.returncode == 0 and "clash" in table.stdout
+    monkeypatch.delenv("RLCORE_PREFER")
+    rlcore.reload_plugins()

@@ -72,8 +72,8 @@ def test_duplicate_names_name_both_plugins_and_keep_the_first():
     register_rewards_b.__name__ = "register_rewards"
     p = _plugins_with(a, b)
     recs = {r.name: r for r in p.list()}
-    assert recs["dup_plugin_a"].error is None
-    assert "registered by both" in recs["dup_plugin_b"].error
+    assert recs["dup_plugin_a"].error is None and recs["dup_plugin_b"].error is None  # a clash is not an error
+    assert "registered by both" in recs["dup_plugin_b"].clashes[0] and recs["dup_plugin_a"].clashes == recs["dup_plugin_b"].clashes
     assert p.get("reward", "same")(completions=["x"]) == [1.0]
 
 
@@ -123,37 +123,44 @@ def test_aliases_resolve_to_the_same_component():
 
 
 class _Obs:
+    name = "obs"
+
     def __init__(self):
         self.calls = []
 
     @hookimpl
-    async def on_turn_end(self, trajectory, completion, turn):
+    async def on_turn_end(self, infer_request, response_choice, current_turn):
         await asyncio.sleep(0)
-        self.calls.append(turn)
-        return {"infos": {"seen": turn}}
+        self.calls.append(current_turn)
+        return {"infos": {"seen": current_turn}}
 
-
-class _Finisher:
-    @hookimpl(trylast=True)
-    def check_finished(self, trajectory, completion, turn):
-        return turn >= 3
-
-
-class _Override:
     @hookimpl
-    async def check_finished(self, trajectory, completion, turn):
-        return None if turn < 2 else True
+    def compute_reward(self, trajectories):
+        return {"obs_col": [1.0] * len(trajectories)}
 
 
-async def test_run_hooks_collect_all_and_first_result_with_async_impls():
+class _Reward:
+    @hookimpl
+    async def compute_reward(self, trajectories):
+        return {"named": [2.0] * len(trajectories)}
+
+
+class _Estimator:
+    @hookimpl
+    async def compute_advantage(self, rewards, groups, trajectories, config):
+        return [r * 10 for r in rewards]
+
+
+async def test_run_hooks_components_observers_and_first_result():
     obs = _Obs()
-    hooks = RunHooks(_Finisher(), _Override(), obs, observers=False)
-    merged = await hooks.call_all("on_turn_end", trajectory=None, completion=None, turn=1)
-    assert merged == [{"infos": {"seen": 1}}] and obs.calls == [1]
-    # the async override returns None at turn 1, so the trylast default answers
-    assert await hooks.call_first("check_finished", trajectory=None, completion=None, turn=1) is False
-    assert await hooks.call_first("check_finished", trajectory=None, completion=None, turn=2) is True
-    assert not hooks.implemented("compute_advantage")
+    hooks = RunHooks(_Reward(), _Estimator(), observer_objects=[obs])
+    # components answer call_all / call_first; an observer never joins them
+    assert await hooks.call_all("compute_reward", trajectories=[1, 2]) == [{"named": [2.0, 2.0]}]
+    assert await hooks.call_first("compute_advantage", rewards=[1, 2], groups=[], trajectories=[], config=None) == [10, 20]
+    seen = await hooks.call_observers("on_turn_end", infer_request=None, response_choice=None, current_turn=1)
+    assert seen == {"obs": {"infos": {"seen": 1}}} and obs.calls == [1]
+    assert await hooks.call_observers("compute_reward", trajectories=[1]) == {"obs": {"obs_col": [1.0]}}
+    assert not RunHooks().implemented("compute_advantage")
 
 
 def test_rlcore_plugins_json_lists_builtins(capsys):

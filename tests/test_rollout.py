@@ -132,26 +132,40 @@ async def test_check_finished_override_and_observer_merge(tok: Any) -> None:
             return "yes" in response_choice.message.content or super().check_finished(infer_request, response_choice, current_turn)
 
     class Observer:
+        name = "obs"
+
         @rlcore.hookimpl
-        def on_turn_end(self, trajectory, completion, turn):
-            return {"reward": 0.5, "infos": {f"seen_{turn}": True}}
+        def on_turn_end(self, infer_request, response_choice, current_turn):
+            return {"reward": 0.5, "infos": {f"seen_{current_turn}": True}}
 
     class Stopper:
+        name = "stopper"
+
         @rlcore.hookimpl
-        async def on_turn_end(self, trajectory, completion, turn):
-            return {"done": "stop" in completion.text}
+        async def on_turn_end(self, infer_request, response_choice, current_turn):
+            return {"done": "stop" in response_choice.message.content}
 
     sampler = ScriptedSampler(["no", "yes"], tok)
     res = await run_rollouts(StopOnYes(sampler, max_turns=5), prompts(tok), sampling_params=PARAMS,
                              components=[Observer(), Stopper()], progress=False)
     t = res.trajectories[0]
-    assert t.num_turns == 2 and t.infos["seen_1"] and t.infos["seen_2"]
-    assert t.step_rewards == [0.5, 0.5] and t.total_reward == 1.0
+    assert t.status == "ok" and t.num_turns == 2
+    assert t.infos["observers"]["obs"] == {"seen_1": True, "seen_2": True}
+    # an observer's reward is logged, never trained on
+    assert t.step_rewards == [] and t.infos["observer_rewards"]["obs"] == [0.5, 0.5]
 
-    sampler = ScriptedSampler(["please stop", "never"], tok)
+    sampler = ScriptedSampler(["please stop", "yes"], tok)
     res = await run_rollouts(StopOnYes(sampler, max_turns=5), prompts(tok), sampling_params=PARAMS,
                              components=[Observer(), Stopper()], progress=False)
-    assert res.trajectories[0].num_turns == 1  # one observer's done ends it
+    assert res.trajectories[0].num_turns == 2  # an observer's done does not end the trajectory
+
+    class LetsObserversStop(StopOnYes):
+        observers_may_stop = True
+
+    sampler = ScriptedSampler(["please stop", "yes"], tok)
+    res = await run_rollouts(LetsObserversStop(sampler, max_turns=5), prompts(tok), sampling_params=PARAMS,
+                             components=[Observer(), Stopper()], progress=False)
+    assert res.trajectories[0].num_turns == 1  # ... unless the scheduler asks them to
 
 
 async def test_run_overridden_ms_swift_style(tok: Any) -> None:
@@ -184,10 +198,11 @@ async def test_run_overridden_ms_swift_style(tok: Any) -> None:
             other = Trajectory(prompt_ids=list(infer_request.prompt_ids), messages=list(infer_request.messages))
             return [out, other]
 
+    # two rounds of response_token_ids but one assistant message: ms-swift's per-round meaning
+    # cannot hold, so the trajectory fails with a reason instead of training misaligned tokens
     res = await run_rollouts(Split(ScriptedSampler(["-"], tok)), prompts(tok), progress=False)
-    a, b = res.trajectories
-    assert a.completion_ids == [5, 6, 7] and a.loss_mask == [1, 1, 0] and a.infos["k"] == 1
-    assert a.group_id == b.group_id != ""
+    (a,) = res.trajectories
+    assert a.status == "failed" and "2 rounds of response_token_ids" in a.reason and "Split" in a.reason
 
 
 async def test_failures_timeouts_and_cleanup(tok: Any) -> None:
@@ -206,9 +221,9 @@ async def test_failures_timeouts_and_cleanup(tok: Any) -> None:
     res = await run_rollouts(Flaky(sampler, max_turns=2), prompts(tok, 3), sampling_params=PARAMS, progress=False)
     assert res.stats["failed"] == 1 and res.stats["ok"] == 2
     bad = [t for t in res.trajectories if t.status == "failed"][0]
-    assert bad.reason == "RuntimeError: env exploded"
+    assert bad.reason == "scheduler Flaky turn 1: RuntimeError: env exploded"
     assert sorted(ended) == ["failed", "ok", "ok"]  # called on every path
-    assert res.stats["failure_reasons"] == {"RuntimeError: env exploded": 1}
+    assert res.stats["failure_reasons"] == {"scheduler Flaky turn 1: RuntimeError: env exploded": 1}
 
     slow = ScriptedSampler(["slow"], tok, delay=2.0)
     res = await run_rollouts(RolloutScheduler(slow), prompts(tok), progress=False, timeout=0.2)
@@ -269,15 +284,17 @@ async def test_registered_schedulers() -> None:
     assert MultiTurnScheduler().max_turns == 4 and RolloutScheduler().max_turns == 1
 
 
-async def test_default_check_finished_is_trylast(tok: Any) -> None:
+async def test_check_finished_returning_none_goes_on_until_max_turns(tok: Any) -> None:
+    """One check_finished (the scheduler's, no second default): None is "not finished", and
+    max_turns still bounds the loop (ms-swift's double check)."""
+
     class NoOpinion(MultiTurnScheduler):
         def check_finished(self, infer_request, response_choice, current_turn):
-            return None  # defer to the built-in default
+            return None
 
-    hooks = rlcore.RunHooks(__import__("rlcore.rollout", fromlist=["SchedulerHooks"]).SchedulerHooks(NoOpinion()))
-    t = Trajectory(prompt_ids=[1])
-    assert await hooks.call_first("check_finished", trajectory=t, completion=Completion([1], [0.0], "length"), turn=1) is True
-    assert await hooks.call_first("check_finished", trajectory=t, completion=Completion([1], [0.0], "stop"), turn=1) is None
+    res = await run_rollouts(NoOpinion(ScriptedSampler(["a", "b", "c"], tok), max_turns=3), prompts(tok),
+                             sampling_params=PARAMS, progress=False)
+    assert res.trajectories[0].num_turns == 3 and res.trajectories[0].status == "ok"
 
 
 async def test_non_prefix_preserving_template_is_a_clear_error(tok: Any) -> None:
@@ -297,7 +314,7 @@ async def test_non_prefix_preserving_template_is_a_clear_error(tok: Any) -> None
     res = await run_rollouts(AskAgain(ScriptedSampler(["yo", "ok"], bad), tokenizer=bad, max_turns=2),
                              [Prompt(msgs, encode_prompt(bad, msgs))], progress=False)
     t = res.trajectories[0]
-    assert t.status == "failed" and t.reason.startswith("ChatTemplateError: the chat template is not prefix-preserving")
+    assert t.status == "failed" and "AskAgain turn 1: ChatTemplateError: the chat template is not prefix-preserving" in t.reason
 
 
 async def test_rewriting_history_fails_the_trajectory(tok: Any) -> None:
@@ -325,11 +342,28 @@ async def test_ms_swift_tool_call_pattern_with_eos_inside(tok: Any) -> None:
             return {"infer_request": infer_request, "response_token_ids": ids,
                     "response_loss_mask": [1] * len(response_choice.token_ids) + [0] * len(res_ids)}
 
+    # as written, the sampled eos ends up inside the kept message: the tokens say
+    # "compute<|im_end|> => 42." while the conversation says "compute => 42." -> fails loudly
     sampler = ScriptedSampler(["compute", " so 42"], tok)
     res = await run_rollouts(ToolInline(sampler, max_turns=2), prompts(tok), progress=False)
     t = res.trajectories[0]
+    assert t.status == "failed" and t.infos["invariant"] == "tokens"
+    assert t.reason.startswith("invariant violated by scheduler ToolInline: tokens (turn 1)") and "<|im_end|> => 42." in t.reason
+
+    class ToolInlineNoEos(MultiTurnScheduler):
+        def step(self, infer_request, response_choice, current_turn):
+            result = " => 42."
+            infer_request.messages[-1]["content"] += result
+            res_ids = tok.encode(result, add_special_tokens=False)
+            kept = [i for i in response_choice.token_ids if i != tok.eos_token_id]
+            return {"infer_request": infer_request, "response_token_ids": kept + res_ids,
+                    "response_loss_mask": [1] * len(kept) + [0] * len(res_ids)}
+
+    sampler = ScriptedSampler(["compute", " so 42"], tok)
+    res = await run_rollouts(ToolInlineNoEos(sampler, max_turns=2), prompts(tok), progress=False)
+    t = res.trajectories[0]
     assert t.status == "ok", t.reason
-    first = tok.encode("compute", add_special_tokens=False) + [tok.eos_token_id]
+    first = tok.encode("compute", add_special_tokens=False)
     assert t.completion_ids[: len(first)] == first and all(lp is not None for lp in t.logprobs[: len(first)])
     assert sampler.calls[1][0] == t.prompt_ids + t.completion_ids[: len(sampler.calls[1][0]) - len(t.prompt_ids)]
     assert t.messages[-1]["content"] == "compute => 42. so 42" and t.logprobs_complete

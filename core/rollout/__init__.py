@@ -5,19 +5,30 @@ Import cost stays low (no torch): registration modules import this package.
 
 from .driver import RolloutResult, make_trajectories, run_rollouts
 from .env_scheduler import EnvScheduler
+from .assemble import RolloutOutputError, output_to_trajectory
+from .invariants import Violation, check_batch, check_trajectory
 from .scheduler import (
     MultiTurnScheduler,
-    RolloutOutput,
     RolloutScheduler,
-    SchedulerHooks,
+    apply_turn_end,
     build_scheduler,
     merge_turn_results,
 )
+from .swift_api import ChatCompletionResponse, Messages, ResponseChoice, RolloutOutput
 from .stream import INLINE_ROLE, MessagesEditError, TokenStream
 from .tokens import ChatTemplateError, encode_observation, encode_prompt, render, template_delta
 from .tools import EnvTool, ToolCall, ToolManager, ToolScheduler, parse_tool_calls
 
 __all__ = [
+    "ChatCompletionResponse",
+    "Messages",
+    "ResponseChoice",
+    "RolloutOutputError",
+    "Violation",
+    "apply_turn_end",
+    "check_batch",
+    "check_trajectory",
+    "output_to_trajectory",
     "INLINE_ROLE",
     "ChatTemplateError",
     "EnvScheduler",
@@ -27,7 +38,6 @@ __all__ = [
     "RolloutOutput",
     "RolloutResult",
     "RolloutScheduler",
-    "SchedulerHooks",
     "TokenStream",
     "ToolCall",
     "ToolManager",

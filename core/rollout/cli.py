@@ -21,8 +21,9 @@ from ..errors import ConfigError, RunFailedError
 
 
 def register(cli: Any) -> None:
-    """Add the ``rollout`` command to the ``rlcore`` group."""
+    """Add the ``rollout`` and ``check-rollouts`` commands to the ``rlcore`` group."""
     cli.add_command(rollout_command)
+    cli.add_command(check_rollouts_command)
 
 
 @click.command(
@@ -49,6 +50,10 @@ def register(cli: Any) -> None:
 @click.option("--timeout", type=float, default=None, help="Seconds per trajectory before it fails.")
 @click.option("--output", "-o", default="rollouts.jsonl", show_default=True, help="Output JSONL file.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
+@click.option("--scheduler-options", default=None, help="JSON object of scheduler options (merged under --flags).")
+@click.option("--observer", "observers", multiple=True, help="Installed observer plugin to run alongside (repeatable).")
+@click.option("--check/--no-check", default=True, show_default=True,
+              help="Hold every trajectory to the rollout invariants (a violation fails it; see check-rollouts).")
 @click.pass_context
 def rollout_command(ctx: click.Context, **opts: Any) -> None:
     """Run rollouts with a scheduler and write trajectories as JSONL (no training).
@@ -86,7 +91,7 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
     from ..plugins import RunHooks
     from ..rewards import as_reward, compute_rewards
     from ..types import SamplingParams
-    from .driver import run_rollouts
+    from .driver import run_rollouts, template_tools
     from .scheduler import build_scheduler
     from .options import plugin_options
 
@@ -95,6 +100,7 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
     labels = {f"scheduler {opts['scheduler']!r}": scheduler_factory, f"sampler {opts['sampler']!r}": sampler_factory}
     routed = plugin_options(extra_args, labels)
     sched_opts, sampler_opts = routed[f"scheduler {opts['scheduler']!r}"], routed[f"sampler {opts['sampler']!r}"]
+    sched_opts = {**_json_options(opts.get("scheduler_options"), "--scheduler-options"), **sched_opts}
     reward_objs, weights = _rewards(opts["rewards"], registry, as_reward)
     dataset: Any = opts["dataset"]
     if dataset is None and callable(getattr(scheduler_factory, "default_task", None)):
@@ -125,13 +131,14 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
         scheduler = build_scheduler(scheduler_factory, sampler, tokenizer, **sched_opts)
         prompts = load_prompts(
             dataset, tokenizer, split=opts["split"], prompt_column=opts["prompt_column"],
-            system_prompt=opts["system_prompt"], limit=opts["limit"] or None, tools=getattr(scheduler, "tools", None),
+            system_prompt=opts["system_prompt"], limit=opts["limit"] or None, tools=template_tools(scheduler),
             options=parse_dataset_options(opts.get("dataset_options")),
         )
         params = SamplingParams(max_tokens=opts["max_tokens"], temperature=opts["temperature"], top_p=opts["top_p"], seed=opts["seed"])
         result = await run_rollouts(
             scheduler, prompts, num_generations=opts["num_generations"], sampling_params=params,
             concurrency=opts["concurrency"], progress=opts["progress"], timeout=opts["timeout"],
+            observers=opts.get("observers") or (), check=opts.get("check", True),
         )
         if reward_objs:
             await compute_rewards(RunHooks(*reward_objs), result.trajectories, weights)
@@ -152,6 +159,58 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
     if s["trajectories"] and not s["ok"] and not s["truncated"]:
         raise RunFailedError(f"no trajectory succeeded: {line}")  # the file is written: the reasons are in it
     return line
+
+
+def _json_options(raw: str | None, flag: str) -> dict[str, Any]:
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{flag} is not valid JSON ({exc.msg}); pass an object like '{{\"gym_env\": \"math_env\"}}'") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{flag} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+@click.command(name="check-rollouts")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+@click.option("--model", default=None, help="Tokenizer (model dir or hub id) the rollouts were made with [default: the built-in tiny model].")
+@click.option("--tools", "tools_path", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="JSON file with the tool schemas the prompts were rendered with.")
+@click.option("--strict-logprobs", is_flag=True, help="Every trained token must carry a logprob (else: all or none).")
+def check_rollouts_command(path: str, model: str | None, tools_path: str | None, strict_logprobs: bool) -> None:
+    """Check a JSONL of trajectories (``rlcore rollout`` output) against the rollout invariants.
+
+    Tokens vs the chat-template rendering of the final messages, prompt tokens vs prompt messages,
+    a logprob for each trained token, status, unique uuids. Exits 1 when anything is violated.
+    """
+    from ..types import Trajectory
+    from .invariants import check_batch
+
+    if model is None:
+        from ..testing import tiny_model_path
+
+        model = tiny_model_path()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    tools = json.loads(Path(tools_path).read_text()) if tools_path else None
+    trajs = []
+    with open(path, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if line.strip():
+                try:
+                    trajs.append(Trajectory.from_json(line))
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise click.ClickException(f"{path}:{n} is not a trajectory ({type(exc).__name__}: {exc})") from None
+    violations = check_batch(trajs, tok, tools=tools, require_logprobs=True if strict_logprobs else None)
+    for v in violations:
+        click.echo(f"{v.uuid}: {v}")
+    bad = len({v.uuid for v in violations})
+    click.echo(f"checked {len(trajs)} trajectories in {path}: {len(trajs) - bad} sound, {bad} with violations", err=True)
+    if violations:
+        raise SystemExit(1)
 
 
 def _rewards(specs: tuple[str, ...], registry: Any, as_reward: Any) -> tuple[list[Any], dict[str, float]]:

@@ -12,15 +12,19 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+import uuid as uuidlib
 from typing import Any, Iterable
 
 import attrs
 
 from ..asyncutil import await_me_maybe
 from ..plugins import RunHooks
-from ..types import Prompt, SamplingParams, Trajectory, Turn
+from ..types import Prompt, SamplingParams, Trajectory
+from .assemble import output_to_trajectory
+from .invariants import check_trajectory, fail_violations
 from .progress import RolloutProgress
-from .scheduler import RolloutOutput, RolloutScheduler, SchedulerHooks
+from .scheduler import SAMPLES, RolloutScheduler, accepts_request_config, scheduler_label
+from .swift_api import RolloutOutput
 
 
 @attrs.define
@@ -54,53 +58,68 @@ async def run_rollouts(
     num_generations: int = 1,
     sampling_params: SamplingParams | None = None,
     components: Iterable[Any] = (),
+    observers: Iterable[str] = (),
     concurrency: int = 64,
     progress: bool = True,
     timeout: float | None = None,
     trajectories: list[Trajectory] | None = None,
+    check: bool = True,
 ) -> RolloutResult:
     """Roll out ``num_generations`` trajectories per prompt with ``scheduler``.
 
-    ``components`` are extra hook implementers active for this run (observers, env adapters).
-    ``timeout`` bounds each trajectory's ``run`` in seconds. Pass ``trajectories`` instead of
-    prompts to roll out prepared trajectories.
+    ``components`` are observer objects and ``observers`` names of installed observer plugins
+    active for this run: they see ``on_trajectory_start`` and every ``on_turn_end`` and may add
+    infos, never end trajectories or change rewards. ``timeout`` bounds each trajectory's ``run``
+    in seconds. Pass ``trajectories`` instead of prompts to roll out prepared trajectories.
+    ``check`` holds every trajectory to the invariants (:mod:`rlcore.rollout.invariants`); a
+    violation fails that trajectory with a reason naming the scheduler and the turn.
     """
     if getattr(scheduler, "sampling_params", None) is None and sampling_params is not None:
         scheduler.sampling_params = sampling_params
     if getattr(scheduler, "tokenizer", None) is None and getattr(scheduler, "sampler", None) is not None:
         scheduler.tokenizer = getattr(scheduler.sampler, "tokenizer", None)
-    hooks = RunHooks(*components, SchedulerHooks(scheduler))
-    scheduler.hooks = hooks
+    hooks = RunHooks(observers=list(observers), observer_objects=list(components))
+    scheduler.observers = hooks
     trajs = trajectories if trajectories is not None else make_trajectories(prompts, num_generations)
     started = time.perf_counter()
     bar = RolloutProgress(len(trajs), enabled=progress)
     results: list[list[Trajectory]] = [[] for _ in trajs]
+    who = scheduler_label(scheduler)
     with bar:
         try:
-            await hooks.call_all("on_trajectory_start", trajectories=trajs)
+            await await_me_maybe(scheduler.on_trajectory_start(trajs))
+            await hooks.call_observers("on_trajectory_start", trajectories=trajs)
         except Exception as exc:  # noqa: BLE001 - a batch-level hook failing fails the batch's trajectories
             for t in trajs:
                 if t.status == "running":
-                    t.fail(f"on_trajectory_start raised {_one_line(exc)}")
+                    t.fail(f"{who} on_trajectory_start raised {_one_line(exc)}")
         sem = asyncio.Semaphore(max(1, int(concurrency)))
 
         async def one(i: int, traj: Trajectory) -> None:
             async with sem:
-                results[i] = await _run_one(scheduler, traj, timeout)
+                results[i] = await _run_one(scheduler, traj, timeout, check)
             bar.advance(results[i])
 
         await asyncio.gather(*(one(i, t) for i, t in enumerate(trajs)))
     flat = [t for group in results for t in group]
+    flat = _unique_uuids(flat)
     stats = summarize(flat, time.perf_counter() - started)
     return RolloutResult(flat, stats)
 
 
-async def _run_one(scheduler: RolloutScheduler, traj: Trajectory, timeout: float | None) -> list[Trajectory]:
+async def _run_one(scheduler: RolloutScheduler, traj: Trajectory, timeout: float | None, check: bool = True) -> list[Trajectory]:
     """Run one trajectory; every exception becomes ``failed`` + reason; cleanup on every path."""
     out: Any = traj
+    samples: list[Any] = []
+    SAMPLES.set(samples)
+    who = scheduler_label(scheduler)
     try:
         if traj.status == "running":  # on_trajectory_start may have failed it already
-            coro = scheduler.run(traj)
+            run = scheduler.run
+            if accepts_request_config(run):
+                coro = run(traj, getattr(scheduler, "sampling_params", None))
+            else:  # an rlcore-style override: run(self, infer_request)
+                coro = run(traj)
             out = await (asyncio.wait_for(coro, timeout) if timeout else coro)
     except asyncio.TimeoutError:
         traj.fail(f"timed out after {timeout:g}s")
@@ -109,7 +128,8 @@ async def _run_one(scheduler: RolloutScheduler, traj: Trajectory, timeout: float
         traj.fail("cancelled")
         raise
     except Exception as exc:  # noqa: BLE001 - one bad trajectory never takes the batch down
-        traj.fail(_one_line(exc))
+        turn = f" turn {traj.num_turns}" if traj.num_turns else ""
+        traj.fail(f"{who}{turn}: {_one_line(exc)}")
         out = traj
     finally:
         try:
@@ -119,14 +139,25 @@ async def _run_one(scheduler: RolloutScheduler, traj: Trajectory, timeout: float
         release = getattr(scheduler, "release", None)
         if release is not None:
             release(traj)
-    trajs = normalize_run_output(traj, out)
+    try:
+        trajs = normalize_run_output(traj, out, samples, scheduler)
+    except Exception as exc:  # noqa: BLE001 - a bad output fails its trajectory, never the batch
+        traj.fail(f"{who} returned an output rlcore cannot train on: {_one_line(exc)}")
+        trajs = [traj]
     for t in trajs:
         finalize(t)
+        if check and t.status != "failed":
+            tok = getattr(scheduler, "tokenizer", None)
+            if tok is not None:
+                fail_violations([t], check_trajectory(t, tok, tools=template_tools(scheduler)), who)
     return trajs
 
 
-def normalize_run_output(request: Trajectory, out: Any) -> list[Trajectory]:
-    """Accept what an (overridden) ``run`` returns: a trajectory, several, or ms-swift RolloutOutput(s)."""
+def normalize_run_output(request: Trajectory, out: Any, samples: list[Any] | None = None, scheduler: Any = None) -> list[Trajectory]:
+    """Accept what an (overridden) ``run`` returns: a trajectory, several, or ms-swift RolloutOutput(s).
+
+    RolloutOutputs are assembled token-exactly (:mod:`rlcore.rollout.assemble`); every output after
+    the first gets its own uuid (``infos["request_uuid"]`` names the request)."""
     if out is None:
         return [request]
     items = out if isinstance(out, (list, tuple)) else [out]
@@ -135,34 +166,43 @@ def normalize_run_output(request: Trajectory, out: Any) -> list[Trajectory]:
         if isinstance(item, Trajectory):
             trajs.append(item)
         elif isinstance(item, RolloutOutput):
-            trajs.append(_from_rollout_output(request, item))
+            tok = getattr(scheduler, "tokenizer", None)
+            trajs.append(output_to_trajectory(request, item, samples or [], tok, tools=template_tools(scheduler)))
         else:
             raise TypeError(f"run returned {type(item).__name__}; return a Trajectory, a list of them, or RolloutOutput")
+    seen: set[str] = set()
     for t in trajs:
         t.group_id = t.group_id or request.group_id
+        if t.uuid in seen:
+            t.infos["request_uuid"] = request.uuid
+            t.uuid = uuidlib.uuid4().hex
+        seen.add(t.uuid)
     return trajs or [request]
 
 
-def _flatten(x: list[Any]) -> list[Any]:
-    return [v for part in x for v in (part if isinstance(part, (list, tuple)) else [part])]
+def template_tools(scheduler: Any) -> list[dict[str, Any]] | None:
+    """The tool schemas a scheduler renders into prompts (also for duck-typed schedulers)."""
+    tools = getattr(scheduler, "template_tools", None)
+    if tools is None:
+        tools = getattr(scheduler, "tools", None)
+    return tools if isinstance(tools, list) and all(isinstance(t, dict) for t in tools) and tools else None
 
 
-def _from_rollout_output(request: Trajectory, ro: RolloutOutput) -> Trajectory:
-    """A trajectory from ms-swift's RolloutOutput (tokens given explicitly by the scheduler)."""
-    t = attrs.evolve(request, turns=list(request.turns), infos=dict(request.infos))
-    if ro.messages is not None:
-        t.messages = list(ro.messages)
-    if ro.response_token_ids:
-        ids = _flatten(ro.response_token_ids)
-        mask = _flatten(ro.response_loss_mask) if ro.response_loss_mask else [1] * len(ids)
-        lps = _flatten(ro.rollout_logprobs) if ro.rollout_logprobs else [None] * len(ids)
-        if len(lps) != len(ids):
-            lps = [None] * len(ids)
-        t.turns = [Turn(list(ids), list(mask), [lp if m else None for lp, m in zip(lps, mask)])]
-    t.infos.update(ro.rollout_infos or {})
-    if t.status == "running":
-        t.status = "ok"
-    return t
+def _unique_uuids(trajs: list[Trajectory]) -> list[Trajectory]:
+    """The same trajectory object returned twice counts once; two trajectories sharing a uuid
+    (a scheduler that copies uuids) fail loudly instead of training as one."""
+    seen: dict[str, Trajectory] = {}
+    out = []
+    for t in trajs:
+        prev = seen.get(t.uuid)
+        if prev is t:
+            continue
+        if prev is not None:
+            t.fail(f"uuid {t.uuid} is already used by another trajectory of this batch")
+        else:
+            seen[t.uuid] = t
+        out.append(t)
+    return out
 
 
 def finalize(t: Trajectory) -> None:
@@ -171,6 +211,7 @@ def finalize(t: Trajectory) -> None:
         t.status = "ok"
     if not t.num_turns:
         t.num_turns = sum(1 for turn in t.turns if turn.role == "assistant")
+    t.infos["num_turns"] = t.num_turns  # ms-swift's rollout_infos key; always the final count
     t.infos["logprobs_complete"] = t.logprobs_complete
     t.infos.setdefault("prompt_messages", _prompt_messages(t))
 

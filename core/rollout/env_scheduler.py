@@ -81,7 +81,7 @@ class EnvScheduler(MultiTurnScheduler):
             messages.append(dict(trajectory.messages[0]))
         messages.append({"role": "user", "content": self.format_observation(observation)})
         trajectory.messages[:] = messages
-        trajectory.prompt_ids = encode_prompt(self._require_tokenizer(), messages, tools=self.tools)
+        trajectory.prompt_ids = encode_prompt(self._require_tokenizer(), messages, tools=self.template_tools)
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def generate(self, trajectory: Trajectory, params: SamplingParams | None = None, **kwargs: Any) -> Completion:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 import typing
 from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import ConfigError
 
 #: parameters that are wiring, not user options
-_INTERNAL = {"self", "sampler", "tokenizer", "model", "sampling_params", "args", "kwargs"}
+_INTERNAL = {"self", "sampler", "infer_engine", "tokenizer", "model", "sampling_params", "args", "kwargs"}
 
 
 def parse_flags(args: Sequence[str]) -> dict[str, Any]:
@@ -69,14 +70,37 @@ def factory_parameters(factory: Callable[..., Any]) -> dict[str, inspect.Paramet
             if p.kind is p.VAR_KEYWORD:
                 var_kw = True
                 continue
-            if p.kind is p.VAR_POSITIONAL or name in _INTERNAL or name in params:
+            if p.kind is p.VAR_POSITIONAL or name in _INTERNAL:
+                continue
+            if name in params:  # a subclass re-declared it without a type: take the base's annotation
+                if params[name].annotation is inspect.Parameter.empty and name in hints:
+                    params[name] = params[name].replace(annotation=hints[name])
                 continue
             if name in hints:
                 p = p.replace(annotation=hints[name])
             params[name] = p
         if not var_kw:
             break
+        for name in _kwargs_reads(fn):
+            if name not in params and name not in _INTERNAL:
+                params[name] = inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None)
     return params
+
+
+_KWARGS_READ = re.compile(r"""\b(\w*kw\w*)\s*(?:\.get\(\s*|\.pop\(\s*|\[\s*)['"]([A-Za-z_]\w*)['"]""")
+
+
+def _kwargs_reads(fn: Any) -> list[str]:
+    """Option names a constructor reads from its ``**kwargs`` (``kwargs.get('gym_env')``, ms-swift's
+    style), so those options are flags too — and a typo is still an unknown option."""
+    try:
+        src = inspect.getsource(fn)
+    except (OSError, TypeError):
+        return []
+    var_kw = next((p.name for p in inspect.signature(fn).parameters.values() if p.kind is p.VAR_KEYWORD), None)
+    if var_kw is None:
+        return []
+    return [name for var, name in _KWARGS_READ.findall(src) if var == var_kw]
 
 
 def _hints(fn: Any) -> dict[str, Any]:

@@ -1,11 +1,11 @@
-"""Built-in schedulers, registered like any third-party plugin's, and the default ``check_finished``.
+"""Built-in schedulers, registered like any third-party plugin's.
 
 Factories are ``"module:attr"`` strings so loading plugins stays cheap.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 from ..hookspecs import hookimpl
 
@@ -18,11 +18,3 @@ def register_schedulers(register: Callable[..., None]) -> None:
              description="many turns; subclass and override step/check_finished (ms-swift style)")
     register("tool_scheduler", "rlcore.rollout.tools:ToolScheduler", aliases=("tool_call_scheduler",),
              description="runs <tool_call> JSON calls with registered tools until none remain or max_turns")
-
-
-@hookimpl(trylast=True)
-def check_finished(trajectory: Any, completion: Any, turn: int) -> bool | None:
-    """The default when no scheduler decides: stop on a length-truncated completion."""
-    if getattr(completion, "finish_reason", None) == "length":
-        return True
-    return None

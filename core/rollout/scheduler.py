@@ -1,83 +1,89 @@
 """Rollout schedulers: the single-turn base and the multi-turn loop, ms-swift compatible.
 
-A scheduler decides what happens between generations. Its lifecycle methods carry ms-swift's
-names and argument names (``step(infer_request, response_choice, current_turn)`` …) so a scheduler
-written for ms-swift — subclass :class:`MultiTurnScheduler`, override ``step`` and/or
-``check_finished``, or ``run`` entirely — works unchanged. The engine registers those methods as
-hook implementations (through :class:`SchedulerHooks`) in the run's :class:`rlcore.RunHooks`, so
-observer plugins see the same lifecycle and ``on_turn_end`` results of several plugins merge.
+A scheduler decides what happens between generations. Its methods carry ms-swift's names and
+argument names (``step(infer_request, response_choice, current_turn)`` …, ``run(infer_request,
+request_config, **kwargs)``) so a scheduler written for ms-swift — subclass
+:class:`MultiTurnScheduler`, override ``step`` and/or ``check_finished``, or ``run`` entirely —
+works with an import change. There is one mechanism: the loop in :meth:`RolloutScheduler.run`
+calls the scheduler's own methods (Python's method resolution and ``super()`` are the call order).
+pluggy serves registration and the observers a run names (``observers``): they see every turn and
+may add infos, but never end a trajectory or change its reward (see docs/concepts.md).
 
 Token exactness lives in :mod:`rlcore.rollout.stream`: schedulers edit ``messages`` only, the
-engine turns those edits into loss-mask-0 tokens without re-tokenising what was sampled.
+engine turns those edits into loss-mask-0 tokens without re-tokenising what was sampled; the
+invariant checker (:mod:`rlcore.rollout.invariants`) holds every result to the conversation.
 """
 
 from __future__ import annotations
 
+import contextvars
+import inspect
 from typing import Any
-
-import attrs
 
 from ..asyncutil import await_me_maybe
 from ..errors import ConfigError
-from ..hookspecs import hookimpl
 from ..types import Completion, SamplingParams, Trajectory
 from .stream import TokenStream
+from .swift_api import ChatCompletionResponse, Messages, ResponseChoice, RolloutOutput, as_sampling_params, extract_logprobs
 
 MAX_TURNS_HARD_CAP = 1000
 
-
-@attrs.define
-class RolloutOutput:
-    """ms-swift's ``RolloutOutput`` shape, accepted from an overridden ``run``.
-
-    ``response_token_ids`` / ``response_loss_mask`` / ``rollout_logprobs`` are per-round lists
-    (or flat lists) of the tokens after the prompt; ``messages`` the final conversation.
-    """
-
-    response: Any = None
-    messages: list[dict[str, Any]] | None = None
-    response_token_ids: list[Any] = attrs.field(factory=list)
-    response_loss_mask: list[Any] = attrs.field(factory=list)
-    rollout_logprobs: list[Any] = attrs.field(factory=list)
-    rollout_infos: dict[str, Any] = attrs.field(factory=dict)
-
-
-@attrs.define
-class _Choices:
-    """What ``infer_engine.infer_async`` returns: ms-swift's response with ``.choices[0]``."""
-
-    choices: list[Completion]
+#: the sampler calls of the trajectory whose ``run`` is executing (set per asyncio task by the driver)
+SAMPLES: contextvars.ContextVar[list[Completion] | None] = contextvars.ContextVar("rlcore_samples", default=None)
 
 
 class _InferEngine:
     """ms-swift's ``self.infer_engine`` for schedulers that override ``run``: samples the next
-    completion of a request from its (token-exact) stream; the caller appends the message."""
+    completion of a request from its (token-exact) stream; the caller appends the message.
+
+    A trailing ``{"role": "assistant", "content": None}`` (ms-swift's "continue the previous
+    assistant message" marker) is dropped before sampling."""
 
     def __init__(self, scheduler: "RolloutScheduler") -> None:
         self.scheduler = scheduler
 
-    async def infer_async(self, infer_request: Trajectory, request_config: Any = None, **_: Any) -> _Choices:
-        params = request_config if isinstance(request_config, SamplingParams) else None
+    async def infer_async(self, infer_request: Trajectory, request_config: Any = None, **_: Any) -> ChatCompletionResponse:
+        msgs = infer_request.messages
+        while msgs and msgs[-1].get("role") == "assistant" and msgs[-1].get("content") is None:
+            msgs.pop()
+        params = as_sampling_params(request_config, self.scheduler.sampling_params)
         completion = await self.scheduler.generate(infer_request, params, update_messages=False)
-        return _Choices([completion])
+        log = SAMPLES.get()
+        if log is not None:
+            log.append(completion)
+        return ChatCompletionResponse([ResponseChoice(completion, self.scheduler.tokenizer)], list(infer_request.prompt_ids))
+
+    def __getattr__(self, name: str) -> Any:  # ms-swift code may reach engine attributes (tokenizer …)
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if name in ("tokenizer", "default_template", "template"):
+            if name == "tokenizer":
+                return self.scheduler.tokenizer
+            raise AttributeError(f"rlcore's infer_engine has no {name!r} (ms-swift's template object); use self.tokenizer")
+        return getattr(self.scheduler.sampler, name)
 
 
 class RolloutScheduler:
     """Single-turn rollouts: one completion per trajectory. Base of every scheduler.
 
     Options: ``max_turns`` (1), ``sampling_params``, ``max_total_tokens`` (stop — truncated — once
-    prompt + completion reach it), ``tools`` (JSON schemas rendered by the chat template).
-    The driver sets ``sampler``/``tokenizer``/``sampling_params`` when they were not given.
+    prompt + completion reach it), ``tools`` (JSON schemas rendered by the chat template; kept in
+    ``self.tool_schemas`` so a subclass may use ``self.tools`` for its own callables, as ms-swift's
+    ToolCallScheduler does). Any other keyword option is kept in ``self.options`` (and ``kwargs``
+    reads in ms-swift style constructors get it). The driver sets ``sampler``/``tokenizer``/
+    ``sampling_params`` when they were not given.
     """
 
     name = "single_turn"
     default_max_turns = 1
+    #: True lets an observer's ``{"done": True}`` from ``on_turn_end`` end a trajectory of this scheduler
+    observers_may_stop = False
 
     def __init__(
         self,
         sampler: Any = None,
         max_turns: int | None = None,
-        *,
+        *args: Any,
         tokenizer: Any = None,
         sampling_params: SamplingParams | None = None,
         max_total_tokens: int | None = None,
@@ -93,34 +99,53 @@ class RolloutScheduler:
             raise ConfigError(f"max_turns must be at least 1, got {max_turns}")
         self.sampling_params = sampling_params
         self.max_total_tokens = max_total_tokens
+        self.tool_schemas = tools
         self.tools = tools
         self.options = options
-        self.hooks: Any = None  # the run's RunHooks, set by the driver
+        self.observers: Any = None  # the run's RunHooks of named observers, set by the driver
         self._streams: dict[str, TokenStream] = {}
 
     # --- ms-swift compatible attributes -------------------------------------------------------
     @property
     def infer_engine(self) -> _InferEngine:
-        """ms-swift's engine handle: ``await self.infer_engine.infer_async(request)``."""
+        """ms-swift's engine handle: ``await self.infer_engine.infer_async(request, request_config)``."""
         return _InferEngine(self)
 
     @infer_engine.setter
     def infer_engine(self, sampler: Any) -> None:
         self.sampler = sampler
 
-    # --- lifecycle (override these; sync or async) ----------------------------------------------
-    def on_trajectory_start(self, trajectories: list[Trajectory]) -> None:
-        """Once per batch before the first turn (reset environments, seed messages)."""
-
-    def on_turn_end(self, infer_request: Trajectory, response_choice: Completion, current_turn: int) -> dict[str, Any] | None:
-        """After each assistant turn: ``{"done": bool, "reward": float, "infos": {...}}`` or None."""
+    @property
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The JSON tool schemas the chat template renders: ``tool_schemas``, else ``self.tools`` when
+        it holds schemas (a subclass's dict of callables — ms-swift's ToolCallScheduler — is its own)."""
+        if self.tool_schemas is not None:
+            return self.tool_schemas
+        tools = getattr(self, "tools", None)
+        if isinstance(tools, list) and tools and all(isinstance(t, dict) for t in tools):
+            return tools
         return None
 
-    def step(self, infer_request: Trajectory, response_choice: Completion, current_turn: int) -> dict[str, Any]:
+    @staticmethod
+    def _extract_logprobs_from_choice(response_choice: Any) -> list[float]:
+        """ms-swift's helper: the choice's per-token logprobs, ``[]`` when it has none."""
+        return extract_logprobs(response_choice)
+
+    # --- lifecycle (override these; sync or async) ----------------------------------------------
+    def on_trajectory_start(self, trajectories: list[Trajectory]) -> None:
+        """Once per batch before the first turn (reset environments, seed messages). Replacing a
+        trajectory's ``messages`` here is enough: the prompt tokens follow them."""
+
+    def on_turn_end(self, infer_request: Trajectory, response_choice: Any, current_turn: int) -> dict[str, Any] | None:
+        """After each assistant turn: ``{"done": bool, "reward": float, "infos": {...}}`` (ms-swift's
+        ``rollout_infos`` is accepted for ``infos``) or None."""
+        return None
+
+    def step(self, infer_request: Trajectory, response_choice: Any, current_turn: int) -> dict[str, Any]:
         """Build the next turn; the default changes nothing, so the model continues its message."""
         return {"infer_request": infer_request}
 
-    def check_finished(self, infer_request: Trajectory, response_choice: Completion, current_turn: int) -> bool:
+    def check_finished(self, infer_request: Trajectory, response_choice: Any, current_turn: int) -> bool:
         """Stop on a length-truncated completion or once ``max_turns`` turns are done."""
         if response_choice.finish_reason == "length":
             return True
@@ -133,42 +158,67 @@ class RolloutScheduler:
         """Release what the scheduler holds (not the sampler: the caller owns it)."""
 
     # --- the loop -----------------------------------------------------------------------------
-    async def run(self, infer_request: Trajectory) -> Trajectory | list[Trajectory]:
-        """Run one trajectory to the end: generate, ``on_turn_end``, ``check_finished``, ``step``."""
+    async def run(self, infer_request: Trajectory, request_config: Any = None, **kwargs: Any) -> Trajectory | list[Trajectory]:
+        """Run one trajectory to the end: generate, ``on_turn_end``, ``check_finished``, ``step``.
+
+        The scheduler's own methods are called directly, in that order; named observers see each
+        turn after ``on_turn_end``."""
         traj = infer_request
-        hooks = self._hooks()
+        params = as_sampling_params(request_config, self.sampling_params)
         turn = 0
         while traj.status == "running":
             turn += 1
-            completion = await self.generate(traj)
+            completion = await self.generate(traj, params)
+            choice = ResponseChoice(completion, self.tokenizer)
             traj.num_turns = turn
             if completion.finish_reason == "length":
                 traj.status, traj.reason = "truncated", "max_tokens reached"
-            results = await hooks.call_all("on_turn_end", trajectory=traj, completion=completion, turn=turn)
-            done = merge_turn_results(traj, results)
+            done = apply_turn_end(traj, await await_me_maybe(self.on_turn_end(traj, choice, turn)))
+            done = await self.observe_turn(traj, choice, turn) or done
             if traj.status == "failed":
                 break
-            finished = done or bool(await hooks.call_first("check_finished", trajectory=traj, completion=completion, turn=turn))
+            finished = done or bool(await await_me_maybe(self.check_finished(traj, choice, turn)))
             if traj.status == "failed":
                 break
-            if finished or turn >= MAX_TURNS_HARD_CAP:
+            if finished or turn >= self.max_turns or turn >= MAX_TURNS_HARD_CAP:
                 break
             if traj.status == "truncated":  # a scheduler chose to go on after a length stop
                 traj.status, traj.reason = "running", None
-            out = await hooks.call_first("step", trajectory=traj, completion=completion, turn=turn)
-            self.apply_step(traj, out)
+            out = await await_me_maybe(self.step(traj, choice, turn))
+            self.apply_step(traj, out, turn)
             if self.max_total_tokens and len(traj.input_ids) >= self.max_total_tokens:
                 traj.status, traj.reason = "truncated", f"max_total_tokens ({self.max_total_tokens}) reached"
         if traj.status == "running":
             traj.status = "ok"
         return traj
 
+    async def observe_turn(self, traj: Trajectory, choice: Any, turn: int) -> bool:
+        """Tell the run's observers about a turn; their infos land in ``infos["observers"]``, their
+        step rewards in ``infos["observer_rewards"]`` (never in the trained reward). Returns whether
+        an observer asked to stop and this scheduler lets observers stop (``observers_may_stop``)."""
+        if self.observers is None:
+            return False
+        results = await self.observers.call_observers("on_turn_end", infer_request=traj, response_choice=choice, current_turn=turn)
+        stop = False
+        for plugin, r in results.items():
+            if not isinstance(r, dict):
+                continue
+            stop = stop or bool(r.get("done"))
+            box = traj.infos.setdefault("observers", {}).setdefault(plugin, {})
+            box.update(r.get("infos") or r.get("rollout_infos") or {})
+            if r.get("reward") is not None:
+                traj.infos.setdefault("observer_rewards", {}).setdefault(plugin, []).append(float(r["reward"]))
+        return stop and self.observers_may_stop
+
     # --- building blocks (also for schedulers that override run) -------------------------------
     def stream(self, trajectory: Trajectory) -> TokenStream:
         """The token stream of ``trajectory`` (created from its prompt on first use)."""
         st = self._streams.get(trajectory.uuid)
         if st is None:
-            st = TokenStream.start(self._require_tokenizer(), trajectory, self.tools)
+            tok = self._require_tokenizer()
+            if not trajectory.turns:
+                sync_prompt(tok, trajectory, self.template_tools)
+            st = TokenStream.start(tok, trajectory, self.template_tools)
             self._streams[trajectory.uuid] = st
         return st
 
@@ -184,7 +234,7 @@ class RolloutScheduler:
             raise ConfigError(f"scheduler {type(self).__name__} has no sampler; pass sampler= or run it through run_rollouts")
         st = self.stream(trajectory)
         st.sync(trajectory)
-        params = params or self.sampling_params or SamplingParams()
+        params = as_sampling_params(params, self.sampling_params) or SamplingParams()
         ids = trajectory.input_ids
         if self.max_total_tokens:
             room = self.max_total_tokens - len(ids)
@@ -197,35 +247,31 @@ class RolloutScheduler:
         st.record_sample(trajectory, completion, update_messages=update_messages)
         return completion
 
-    def apply_step(self, trajectory: Trajectory, out: Any) -> None:
+    def apply_step(self, trajectory: Trajectory, out: Any, turn: int | None = None) -> None:
         """Apply ``step``'s ms-swift-shaped result: messages, optional response tokens, infos."""
+        who = f"{type(self).__name__}.step"
         if out is None:
             out = {}
         if isinstance(out, Trajectory):
             out = {"infer_request": out}
         if not isinstance(out, dict):
-            raise ConfigError(f"{type(self).__name__}.step returned {type(out).__name__}; return a dict like {{'infer_request': request}}")
+            raise ConfigError(f"{who} returned {type(out).__name__}; return a dict like {{'infer_request': request}}")
         req = out.get("infer_request")
         if req is not None and req is not trajectory:
             msgs = req.get("messages") if isinstance(req, dict) else getattr(req, "messages", None)
             if msgs is not None:
                 trajectory.messages[:] = list(msgs)
+        _check_messages(trajectory.messages, who)
         infos = out.get("rollout_infos")
         if infos:
             trajectory.infos.update(infos)
         st = self.stream(trajectory)
         if out.get("response_token_ids") is not None:
-            st.replace_response(
-                trajectory, list(out["response_token_ids"]), out.get("response_loss_mask"), out.get("rollout_logprobs")
-            )
+            ids = out["response_token_ids"]
+            if ids and isinstance(ids[0], (list, tuple)):  # one round given as [[...]]
+                ids = [t for r in ids for t in r]
+            st.replace_response(trajectory, list(ids), out.get("response_loss_mask"), out.get("rollout_logprobs"))
         st.sync(trajectory)
-
-    def _hooks(self) -> Any:
-        if self.hooks is None:
-            from ..plugins import RunHooks
-
-            self.hooks = RunHooks(SchedulerHooks(self))
-        return self.hooks
 
     def _require_tokenizer(self) -> Any:
         tok = self.tokenizer if self.tokenizer is not None else getattr(self.sampler, "tokenizer", None)
@@ -243,41 +289,64 @@ class MultiTurnScheduler(RolloutScheduler):
     default_max_turns = 4
 
 
+def apply_turn_end(trajectory: Trajectory, result: Any) -> bool:
+    """Apply the scheduler's ``on_turn_end`` result: ``done`` ends, ``infos``/``rollout_infos`` merge,
+    ``reward`` is a step reward. Returns ``done``."""
+    if not isinstance(result, dict):
+        return False
+    for key in ("infos", "rollout_infos"):
+        if result.get(key):
+            trajectory.infos.update(result[key])
+    if result.get("reward") is not None:
+        trajectory.step_rewards.append(float(result["reward"]))
+    return bool(result.get("done"))
+
+
 def merge_turn_results(trajectory: Trajectory, results: list[Any]) -> bool:
-    """Merge ``on_turn_end`` dicts: any ``done`` ends, ``infos`` merge, ``reward`` is a step reward."""
+    """Several ``on_turn_end`` results applied in order; any ``done`` ends (kept for plugins)."""
     done = False
     for r in results:
-        if not isinstance(r, dict):
-            continue
-        done = done or bool(r.get("done"))
-        if r.get("infos"):
-            trajectory.infos.update(r["infos"])
-        if r.get("reward") is not None:
-            trajectory.step_rewards.append(float(r["reward"]))
+        done = apply_turn_end(trajectory, r) or done
     return done
 
 
-class SchedulerHooks:
-    """Adapter: a scheduler's ms-swift-named methods as ``rlcore`` hook implementations."""
+def sync_prompt(tokenizer: Any, trajectory: Trajectory, tools: list[dict[str, Any]] | None) -> None:
+    """Make ``prompt_ids`` follow ``messages`` before the first turn (fix for schedulers that replace
+    the messages — ms-swift's GYMScheduler seeds system prompt and first observation — and leave
+    the dataset row's prompt tokens). Left-truncated prompts (max_prompt_length) and TRL-style
+    untemplated text prompts are kept."""
+    from . import tokens as tk
 
-    def __init__(self, scheduler: RolloutScheduler) -> None:
-        self.scheduler = scheduler
+    if not trajectory.messages:
+        return
+    _check_messages(trajectory.messages, "the scheduler")
+    from .invariants import prompt_matches
 
-    @hookimpl
-    async def on_trajectory_start(self, trajectories: list[Trajectory]) -> None:
-        await await_me_maybe(self.scheduler.on_trajectory_start(trajectories))
+    want = tk.render(tokenizer, trajectory.messages, add_generation_prompt=True, tools=tools)
+    have = tk.decode(tokenizer, trajectory.prompt_ids)
+    if prompt_matches(tokenizer, trajectory.messages, trajectory.prompt_ids, have, want):
+        return
+    trajectory.prompt_ids = tk.encode_text(tokenizer, want)
+    trajectory.infos["prompt_reencoded"] = True
 
-    @hookimpl
-    async def on_turn_end(self, trajectory: Trajectory, completion: Completion, turn: int) -> Any:
-        return await await_me_maybe(self.scheduler.on_turn_end(trajectory, completion, turn))
 
-    @hookimpl
-    async def step(self, trajectory: Trajectory, completion: Completion, turn: int) -> Any:
-        return await await_me_maybe(self.scheduler.step(trajectory, completion, turn))
+def _check_messages(messages: Any, who: str) -> None:
+    if not isinstance(messages, list):
+        raise ConfigError(f"{who} left messages as {type(messages).__name__}; it must be a list of role/content dicts")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or "role" not in m:
+            raise ConfigError(f"{who} put {type(m).__name__} {m!r:.60} at messages[{i}]; each message must be a dict with 'role' and 'content'")
 
-    @hookimpl
-    async def check_finished(self, trajectory: Trajectory, completion: Completion, turn: int) -> Any:
-        return await await_me_maybe(self.scheduler.check_finished(trajectory, completion, turn))
+
+def accepts_request_config(run: Any) -> bool:
+    """Whether an (overridden) ``run`` takes ms-swift's ``request_config`` (else ``run(request)``)."""
+    try:
+        params = list(inspect.signature(run).parameters.values())
+    except (TypeError, ValueError):
+        return True
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return True
+    return len([p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]) >= 2
 
 
 def build_scheduler(factory: Any, sampler: Any = None, tokenizer: Any = None, **options: Any) -> Any:
@@ -287,9 +356,26 @@ def build_scheduler(factory: Any, sampler: Any = None, tokenizer: Any = None, **
     ``def __init__(self, infer_engine=None, max_turns=None, *args, **kwargs)`` forwarding
     ``super().__init__(infer_engine, max_turns, *args, **kwargs)`` — work unchanged.
     """
+    if sampler is not None and "infer_engine" not in options and _requires(factory, "infer_engine"):
+        options["infer_engine"] = sampler  # ms-swift's GYMScheduler takes infer_engine without a default
     scheduler = factory(**options)
     if getattr(scheduler, "sampler", None) is None:
         scheduler.sampler = sampler
     if getattr(scheduler, "tokenizer", None) is None:
         scheduler.tokenizer = tokenizer
     return scheduler
+
+
+def _requires(factory: Any, name: str) -> bool:
+    try:
+        p = inspect.signature(factory).parameters.get(name)
+    except (TypeError, ValueError):
+        return False
+    return p is not None and p.default is inspect.Parameter.empty
+
+
+def scheduler_label(scheduler: Any) -> str:
+    """How failure reasons name a scheduler: its registered name and class."""
+    cls = type(scheduler).__name__
+    name = vars(type(scheduler)).get("name")  # an inherited name ("multi_turn") would mislead
+    return f"scheduler {name!r} ({cls})" if name else f"scheduler {cls}"

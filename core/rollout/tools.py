@@ -307,7 +307,7 @@ class ToolScheduler(MultiTurnScheduler):
         tok = self._require_tokenizer()
         for t in trajectories:
             if t.status == "running" and t.messages:
-                t.prompt_ids = encode_prompt(tok, t.messages, tools=self.tools)
+                t.prompt_ids = encode_prompt(tok, t.messages, tools=self.template_tools)
 
     def check_finished(self, infer_request: Trajectory, response_choice: Completion, current_turn: int) -> bool:
         if super().check_finished(infer_request, response_choice, current_turn):

@@ -93,6 +93,7 @@ class GRPOConfig(TrainingArguments):
     advantage: str = field(default="grpo", metadata={"help": "Advantage estimator: grpo, rloo, reinforce_plus_plus, gigpo …"})
     reward_funcs: list[str] | None = field(default=None, metadata={"help": "Reward names (rlcore components reward)."})
     max_turns: int | None = field(default=None, metadata={"help": "Turns per trajectory (default: the scheduler's)."})
+    observers: list[str] | None = field(default=None, metadata={"help": "Installed observer plugins that watch rollouts (logged only, never trained on)."})
     scheduler_options: dict | str | None = field(default=None, metadata={"help": "JSON dict of scheduler options."})
     env_options: dict | str | None = field(default=None, metadata={"help": "JSON dict of environment options (passed to the scheduler)."})
     sampler_options: dict | str | None = field(default=None, metadata={"help": "JSON dict of sampler options (e.g. vLLM's gpu_memory_utilization)."})

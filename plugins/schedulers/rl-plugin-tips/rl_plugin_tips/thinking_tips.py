@@ -13,7 +13,8 @@ import copy
 import re
 from typing import Any
 
-from rlcore.rollout import MultiTurnScheduler, merge_turn_results
+from rlcore.asyncutil import await_me_maybe
+from rlcore.rollout import MultiTurnScheduler, ResponseChoice, apply_turn_end
 from rlcore.rollout import tokens as tk
 from rlcore.types import Completion, Trajectory
 
@@ -79,16 +80,15 @@ class ThinkingTipsScheduler(MultiTurnScheduler):
             infos={"prompt_messages": len(history), "tips_request": request.uuid},
         )
 
-    async def run(self, infer_request: Trajectory) -> list[Trajectory]:
+    async def run(self, infer_request: Trajectory, request_config: Any = None, **kwargs: Any) -> list[Trajectory]:
         """Round after round until correct; returns every round's trajectory (the request first)."""
-        hooks = self._hooks()
         rounds: list[Trajectory] = []
         traj = infer_request
         traj.infos.setdefault("prompt_messages", len(traj.messages))
         try:
             for rnd in range(1, self.max_turns + 1):
                 try:
-                    completion = await self.generate(traj)
+                    completion = await self.generate(traj, request_config)
                 except Exception as exc:  # noqa: BLE001 - later rounds fail alone; earlier ones stand
                     if traj is infer_request:
                         raise
@@ -96,8 +96,9 @@ class ThinkingTipsScheduler(MultiTurnScheduler):
                     rounds.append(traj)
                     break
                 traj.num_turns = 1
-                results = await hooks.call_all("on_turn_end", trajectory=traj, completion=completion, turn=rnd)
-                done = merge_turn_results(traj, results)
+                choice = ResponseChoice(completion, self.tokenizer)
+                done = apply_turn_end(traj, await await_me_maybe(self.on_turn_end(traj, choice, rnd)))
+                await self.observe_turn(traj, choice, rnd)
                 truncated = completion.finish_reason == "length"
                 traj.status, traj.reason = ("truncated", "max_tokens reached") if truncated else ("ok", None)
                 rounds.append(traj)

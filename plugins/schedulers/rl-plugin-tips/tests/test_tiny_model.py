@@ -34,9 +34,10 @@ class FirstTurnRecorder:
         self.first: dict[str, tuple[list[int], list[float]]] = {}
 
     @hookimpl
-    def on_turn_end(self, trajectory: Any, completion: Any, turn: int) -> None:
-        if turn == 1:
-            self.first[trajectory.uuid] = (list(completion.token_ids), list(completion.logprobs))
+    def on_turn_end(self, infer_request: Any, response_choice: Any, current_turn: int) -> None:
+        if current_turn == 1:
+            completion = response_choice.completion  # the flat view (choice.logprobs is ms-swift's dict)
+            self.first[infer_request.uuid] = (list(completion.token_ids), list(completion.logprobs))
 
 
 def never_right(text: str, reference: Any) -> bool:

@@ -1,0 +1,264 @@
+"""Turn an ms-swift ``RolloutOutput`` into a token-exact :class:`Trajectory`.
+
+An overridden ``run`` reports a conversation (``messages``) and, optionally, per-round token ids.
+The trainer needs tokens: the sampled ones exactly as sampled (with their logprobs) and the rest of
+the conversation as the chat template renders it. So:
+
+1. each assistant message is either *trained* — its tokens are the round's ``response_token_ids``
+   (ms-swift: the last ``K`` rounds belong to the last ``K`` assistant messages), or, for text-only
+   outputs, the recorded samples of this request whose text spells the message — or *context*
+   (an assistant message no sample spells, e.g. history with its thinking removed);
+2. the conversation is rendered once with a sentinel in place of each trained message's content;
+   the text between sentinels becomes loss-mask-0 tokens, the prompt is the text before the first;
+3. logprobs come from ``rollout_logprobs`` when given, else from the recorded samples whose ids
+   match. The invariant checker then holds the result to the rendering of the final messages.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Sequence
+
+from ..errors import RlcoreError
+from ..types import Completion, Trajectory, Turn
+from . import tokens as tk
+from .swift_api import RolloutOutput
+
+_SENTINEL = "\u2063RLCORE-MSG-{}\u2063"
+
+
+class RolloutOutputError(RlcoreError):
+    """A ``RolloutOutput`` that cannot be turned into tokens (fails its trajectory)."""
+
+
+Segment = tuple[list[int], list[int], list[float | None]]  # ids, mask, logprobs
+
+
+def output_to_trajectory(
+    request: Trajectory,
+    out: RolloutOutput,
+    samples: Sequence[Completion],
+    tokenizer: Any,
+    *,
+    tools: list[dict[str, Any]] | None = None,
+) -> Trajectory:
+    """The trajectory ``out`` describes; ``samples`` are this request's sampler calls, in order."""
+    messages = _final_messages(request, out)
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    asst = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    rounds = out.response_token_ids
+    if len(rounds) > len(asst):
+        raise RolloutOutputError(
+            f"RolloutOutput has {len(rounds)} rounds of response_token_ids but messages hold {len(asst)} assistant messages"
+        )
+    masks = out.response_loss_mask
+    if masks and len(masks) != len(rounds):
+        raise RolloutOutputError(f"RolloutOutput has {len(rounds)} rounds of response_token_ids but {len(masks)} of response_loss_mask")
+    lps_rounds = out.rollout_logprobs if len(out.rollout_logprobs) == len(rounds) else []
+    trained: dict[int, list[Segment]] = {}
+    first_round = len(asst) - len(rounds)
+    for k, i in enumerate(asst[first_round:]):
+        ids = [int(t) for t in rounds[k]]
+        mask = [int(m) for m in masks[k]] if masks else [1] * len(ids)
+        if len(mask) != len(ids):
+            raise RolloutOutputError(f"round {k + 1}: {len(ids)} response_token_ids but {len(mask)} response_loss_mask values")
+        lps = _spread(lps_rounds[k], mask) if lps_rounds else _lookup_logprobs(ids, mask, samples)
+        trained[i] = [(ids, mask, lps)]
+    used: set[int] = set()
+    for i in asst[:first_round]:
+        segs = _align_text(tokenizer, str(messages[i].get("content") or ""), samples, used, special)
+        if segs is not None:
+            trained[i] = segs
+    if not trained:
+        raise RolloutOutputError("RolloutOutput has no assistant message the sampler produced (no token ids, no matching sample)")
+    prompt_ids, turns = _assemble(tokenizer, messages, trained, tools)
+    for turn in turns:  # each trained run keeps the finish reason of the sample it came from
+        if any(turn.loss_mask):
+            src = _last_sample_of([(turn.token_ids, turn.loss_mask, turn.logprobs)], samples)
+            turn.finish_reason = src.finish_reason if src is not None else None
+    infos = {**request.infos, **(out.rollout_infos or {})}
+    first = min(trained)
+    infos["prompt_messages"] = first
+    infos["trained_messages"] = sorted(trained)
+    traj = Trajectory(prompt_ids=prompt_ids, messages=messages, data=request.data, uuid=request.uuid,
+                      group_id=request.group_id, turns=turns, infos=infos, policy_version=request.policy_version)
+    step_rewards = infos.get("step_rewards")
+    if isinstance(step_rewards, list) and all(isinstance(r, (int, float)) for r in step_rewards):
+        traj.step_rewards = [float(r) for r in step_rewards]
+    n = infos.get("num_turns")
+    traj.num_turns = int(n) if isinstance(n, int) else len(trained)
+    last_sample = _last_sample_of(trained[max(trained)], samples)
+    if last_sample is not None and last_sample.finish_reason == "length":
+        traj.status, traj.reason = "truncated", "max_tokens reached"
+    else:
+        traj.status = "ok"
+    return traj
+
+
+def _final_messages(request: Trajectory, out: RolloutOutput) -> list[dict[str, Any]]:
+    if out.messages is not None:
+        msgs = copy.deepcopy(list(out.messages))
+    else:
+        msgs = copy.deepcopy(list(request.messages))
+        choice = (getattr(out.response, "choices", None) or [None])[0]
+        text = getattr(getattr(choice, "message", None), "content", None)
+        if text is not None:
+            msgs.append({"role": "assistant", "content": text})
+    for m in msgs:
+        if not isinstance(m, dict) or "role" not in m:
+            raise RolloutOutputError(f"RolloutOutput.messages holds {type(m).__name__} {m!r:.60}; each message must be a dict with 'role' and 'content'")
+    while msgs and msgs[-1].get("role") == "assistant" and msgs[-1].get("content") is None:
+        msgs.pop()  # ms-swift's dummy "continue this message" entry
+    return msgs
+
+
+def _spread(lps: Sequence[float], mask: Sequence[int]) -> list[float | None]:
+    """ms-swift's rollout_logprobs hold one value per mask-1 token (or one per token)."""
+    if len(lps) == len(mask):
+        return [float(lp) if m else None for lp, m in zip(lps, mask)]
+    if len(lps) == sum(mask):
+        it = iter(lps)
+        return [float(next(it)) if m else None for m in mask]
+    return [None] * len(mask)
+
+
+def _lookup_logprobs(ids: Sequence[int], mask: Sequence[int], samples: Sequence[Completion]) -> list[float | None]:
+    """Logprobs of each mask-1 run, taken from a recorded sample that holds exactly those ids."""
+    out: list[float | None] = [None] * len(ids)
+    i = 0
+    while i < len(ids):
+        if not mask[i]:
+            i += 1
+            continue
+        j = i
+        while j < len(ids) and mask[j]:
+            j += 1
+        run = list(ids[i:j])
+        for s in samples:
+            if s.logprobs is None or len(s.logprobs) != len(s.token_ids):
+                continue
+            at = _find(s.token_ids, run)
+            if at >= 0:
+                out[i:j] = s.logprobs[at:at + len(run)]
+                break
+        i = j
+    return out
+
+
+def _find(hay: Sequence[int], needle: list[int]) -> int:
+    n = len(needle)
+    for s in range(len(hay) - n + 1):
+        if hay[s] == needle[0] and list(hay[s:s + n]) == needle:
+            return s
+    return -1
+
+
+def _prefix_len(tokenizer: Any, ids: Sequence[int], text: str) -> int:
+    """Largest ``k`` with ``decode(ids[:k])`` a prefix of ``text`` (binary search, then a local check)."""
+    lo, hi = 0, len(ids)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if text.startswith(tk.decode(tokenizer, ids[:mid])):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _align_text(tokenizer: Any, content: str, samples: Sequence[Completion], used: set[int], special: set[int]) -> list[Segment] | None:
+    """Split an assistant message's text into sampled runs (exact ids + logprobs) and other text.
+
+    Returns ``None`` when no sample spells any of it (the message is context, not trained)."""
+    segs: list[Segment] = []
+    rem = content
+    any_sample = False
+    while rem:
+        best = (0, -1)
+        for si, s in enumerate(samples):
+            if si in used or not s.token_ids:
+                continue
+            k = _prefix_len(tokenizer, s.token_ids, rem)
+            if k > best[0]:
+                best = (k, si)
+        k, si = best
+        if k > 0:
+            s = samples[si]
+            used.add(si)
+            any_sample = True
+            text = tk.decode(tokenizer, s.token_ids[:k])
+            rem = rem[len(text):]
+            end = k
+            if not rem and all(t in special for t in s.token_ids[k:]):
+                end = len(s.token_ids)  # the eos the model emitted closes the message: trained
+            lps = list(s.logprobs[:end]) if s.logprobs is not None and len(s.logprobs) == len(s.token_ids) else [None] * end
+            segs.append((list(s.token_ids[:end]), [1] * end, lps))
+            continue
+        # no sample starts here: the text up to the next sample's start is scheduler text
+        nxt = len(rem)
+        for si, s in enumerate(samples):
+            if si in used or not s.token_ids:
+                continue
+            head = tk.decode(tokenizer, s.token_ids[: min(4, len(s.token_ids))])
+            p = rem.find(head, 1) if head else -1
+            if 0 < p < nxt:
+                nxt = p
+        ids = tk.encode_text(tokenizer, rem[:nxt])
+        segs.append((ids, [0] * len(ids), [None] * len(ids)))
+        rem = rem[nxt:]
+    return segs if any_sample else None
+
+
+def _assemble(
+    tokenizer: Any, messages: list[dict[str, Any]], trained: dict[int, list[Segment]], tools: list[dict[str, Any]] | None
+) -> tuple[list[int], list[Turn]]:
+    marked = copy.deepcopy(messages)
+    for i in trained:
+        marked[i]["content"] = _SENTINEL.format(i)
+    ends_open = messages[-1].get("role") == "assistant"
+    text = tk.render(tokenizer, marked, add_generation_prompt=not ends_open, tools=tools)
+    order = sorted(trained)
+    chunks: list[str] = []
+    rest = text
+    for i in order:
+        s = _SENTINEL.format(i)
+        at = rest.find(s)
+        if at < 0:
+            raise RolloutOutputError(f"the chat template drops the content of assistant message {i}; it cannot be trained")
+        chunks.append(rest[:at])
+        rest = rest[at + len(s):]
+    chunks.append(rest)
+    prompt_ids = tk.encode_text(tokenizer, chunks[0])
+    turns: list[Turn] = []
+    for n, i in enumerate(order):
+        content = str(messages[i].get("content") or "")
+        ids_all: list[int] = []
+        for ids, mask, lps in trained[i]:
+            role = "assistant" if any(mask) else "continuation"
+            turns.append(Turn(list(ids), list(mask), list(lps), role=role, text=tk.decode(tokenizer, ids)))
+            ids_all += ids
+        nxt = chunks[n + 1]
+        spelled = tk.decode(tokenizer, ids_all)
+        if spelled.startswith(content):
+            extra = spelled[len(content):]  # e.g. the sampled eos, which the template's closing also has
+            if extra and nxt.startswith(extra):
+                nxt = nxt[len(extra):]
+        last = n == len(order) - 1
+        if last and i == len(messages) - 1:
+            break  # the closing after the final message is not emitted by the model
+        ids = tk.encode_text(tokenizer, nxt)
+        if ids:
+            turns.append(Turn.observation(ids, role=str(messages[i + 1].get("role") or "user") if i + 1 < len(messages) else "context", text=nxt))
+    return prompt_ids, turns
+
+
+def _last_sample_of(segs: list[Segment], samples: Sequence[Completion]) -> Completion | None:
+    """The recorded sample the message's last trained run came from (for its finish_reason)."""
+    for ids, mask, _ in reversed(segs):
+        run = [t for t, m in zip(ids, mask) if m]
+        if not run:
+            continue
+        for s in reversed(samples):
+            if _find(s.token_ids, run) >= 0 and list(s.token_ids[-len(run):]) == run:
+                return s
+        return None
+    return None

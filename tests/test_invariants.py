@@ -1,0 +1,154 @@
+"""The rollout invariant checker catches each silent corruption the issue found, on real tokens,
+and ``rlcore check-rollouts`` / ``rlcore rollout --check`` expose it on the command line."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlcore.rollout import check_batch, check_trajectory, encode_prompt, run_rollouts
+from rlcore.rollout.scheduler import MultiTurnScheduler
+from rlcore.testing import ScriptedSampler
+from rlcore.types import Prompt, SamplingParams, Trajectory, Turn
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+class AskAgain(MultiTurnScheduler):
+    def step(self, infer_request, response_choice, current_turn):
+        infer_request.messages.append({"role": "user", "content": "again"})
+        return {"infer_request": infer_request}
+
+
+async def sound(tok: Any) -> list[Trajectory]:
+    msgs = [{"role": "user", "content": "what is 2 + 2?"}]
+    res = await run_rollouts(AskAgain(ScriptedSampler(["four", "4"], tok), max_turns=2),
+                             [Prompt(msgs, encode_prompt(tok, msgs))], num_generations=2,
+                             sampling_params=SamplingParams(max_tokens=16), progress=False)
+    assert res.stats["ok"] == 2
+    return res.trajectories
+
+
+async def test_sound_trajectories_pass(tok: Any) -> None:
+    trajs = await sound(tok)
+    assert check_batch(trajs, tok, require_logprobs=True) == []
+
+
+async def test_each_corruption_is_named(tok: Any) -> None:
+    base = (await sound(tok))[0]
+
+    # 1. prompt tokens rendered from other messages than the trajectory's
+    t = copy.deepcopy(base)
+    t.messages[0]["content"] = "a different question"
+    (v,) = check_trajectory(t, tok)
+    assert v.check == "prompt" and v.turn == 0
+
+    # 2./3. an eos inside a kept assistant message (tokens and conversation disagree at turn 1)
+    t = copy.deepcopy(base)
+    t.messages[1]["content"] = "four and more"
+    (v,) = check_trajectory(t, tok)
+    assert v.check == "tokens" and v.turn == 1 and "four<|im_end|>" in v.message
+
+    # user turn missing from the token stream (RolloutOutput misread)
+    t = copy.deepcopy(base)
+    t.turns = [turn for turn in t.turns if turn.role == "assistant"]
+    assert [v.check for v in check_trajectory(t, tok)] == ["tokens"]
+
+    # logprobs lost for some trained tokens
+    t = copy.deepcopy(base)
+    first = t.turns[0]
+    t.turns[0] = Turn(first.token_ids, first.loss_mask, [None] + first.logprobs[1:], finish_reason=first.finish_reason)
+    (v,) = check_trajectory(t, tok)
+    assert v.check == "logprobs" and v.turn == 1 and "1 of" in v.message
+
+    # a length-cut completion reported ok
+    t = copy.deepcopy(base)
+    t.turns[-1].finish_reason = "length"
+    assert [v.check for v in check_trajectory(t, tok)] == ["status"]
+
+    # duplicate uuids in a batch
+    twin = copy.deepcopy(base)
+    assert [v.check for v in check_batch([base, twin], tok)] == ["uuid"]
+
+
+async def test_a_backend_without_logprobs_is_allowed_but_strict_mode_flags_it(tok: Any) -> None:
+    msgs = [{"role": "user", "content": "hi"}]
+    res = await run_rollouts(AskAgain(ScriptedSampler(["x"], tok, logprobs=False), max_turns=1),
+                             [Prompt(msgs, encode_prompt(tok, msgs))], progress=False)
+    (t,) = res.trajectories
+    assert t.status == "ok" and not t.logprobs_complete  # importance-sampling correction is off for it
+    assert check_trajectory(t, tok) == []
+    assert [v.check for v in check_trajectory(t, tok, require_logprobs=True)] == ["logprobs"]
+
+
+def run_cli(args: list[str]) -> Any:
+    from click.testing import CliRunner
+
+    from rlcore.cli import _load_commands, cli
+
+    _load_commands()
+    return CliRunner().invoke(cli, args)
+
+
+async def test_check_rollouts_command(tok: Any, tmp_path: Path) -> None:
+    good, bad = await sound(tok)
+    bad.messages[1]["content"] = "five"
+    path = tmp_path / "r.jsonl"
+    path.write_text(good.to_json() + "\n" + bad.to_json() + "\n")
+    res = run_cli(["check-rollouts", str(path)])
+    assert res.exit_code == 1
+    assert f"{bad.uuid}: tokens (turn 1)" in res.output and "1 sound, 1 with violations" in res.output
+    path.write_text(good.to_json() + "\n")
+    res = run_cli(["check-rollouts", str(path)])
+    assert res.exit_code == 0 and "1 sound, 0 with violations" in res.output
+
+
+def test_rollout_checks_and_takes_scheduler_options(tmp_path: Path) -> None:
+    out = tmp_path / "r.jsonl"
+    res = run_cli(["rollout", "--scheduler", "multi_turn", "--limit", "2", "--max-tokens", "4", "--no-progress",
+                   "--scheduler-options", '{"max_turns": 2, "max_total_tokens": 200}', "--output", str(out)])
+    assert res.exit_code == 0, res.output
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert all(d["status"] in ("ok", "truncated") and d["num_turns"] <= 2 for d in lines)
+    res = run_cli(["check-rollouts", str(out)])
+    assert res.exit_code == 0, res.output
+    res = run_cli(["rollout", "--scheduler-options", "[1]", "--output", str(out)])
+    assert res.exit_code != 0 and "--scheduler-options must be a JSON object" in str(res.exception)
+
+
+def test_the_trainer_checks_every_batch(tmp_path: Path, tiny_model_dir: str) -> None:
+    """A scheduler that trains its sampled eos mid-message (ms-swift's MathTips pattern): the
+    trainer's batch check fails those trajectories (masked out of the loss) and counts them."""
+    from rlcore.trainer import GRPOConfig, GRPOTrainer
+
+    class KeepsEos(MultiTurnScheduler):
+        def step(self, infer_request, response_choice, current_turn):
+            tip = self.tokenizer.encode(" wait", add_special_tokens=False)
+            infer_request.messages[-1]["content"] += " wait"
+            ids = [t for t in response_choice.token_ids if t != self.tokenizer.eos_token_id]
+            ids.append(self.tokenizer.eos_token_id)  # the sampled eos, kept inside the message
+            return {"infer_request": infer_request, "response_token_ids": ids + tip,
+                    "response_loss_mask": [1] * len(ids) + [0] * len(tip)}
+
+        def check_finished(self, infer_request, response_choice, current_turn):
+            return current_turn >= 2
+
+    args = GRPOConfig(output_dir=str(tmp_path), reward_funcs=["digits"], num_generations=4, per_device_train_batch_size=8,
+                      max_completion_length=4, max_steps=1, save_strategy="no", seed=0, disable_tqdm=True, report_to="none")
+    rows = [{"prompt": f"add {i} and {i}", "answer": str(2 * i)} for i in range(8)]
+    trainer = GRPOTrainer(tiny_model_dir, args=args, train_dataset=rows, scheduler=KeepsEos())
+    micro = trainer._generate_and_score()
+    assert trainer._gen_metrics["invariant_violations"] == 8.0 and trainer._gen_metrics["invariant_check_time"] > 0.0
+    assert all(int(mb["batch"].completion_mask.sum()) == 0 for mb in micro)  # nothing of them trains
+    trajs = trainer.rollout(trainer._next_prompts())
+    assert len(trajs) == 8
+    assert all(t.status == "failed" and t.reason.startswith("invariant violated by scheduler KeepsEos") for t in trajs)

@@ -40,3 +40,7 @@ class DatasetError(RlcoreError):
 
 class MissingDependencyError(RlcoreError, ImportError):
     """An optional dependency is not installed; the message says what to pip install."""
+
+
+class RewardFunctionError(RlcoreError):
+    """A reward function raised on every sample of a batch: the run would train on nothing."""

@@ -1,16 +1,25 @@
 """Rewards: plain functions (sync or async) that name what they need, plus the batch scorer.
 
-A reward gets only the arguments its signature names (``**kwargs`` gets everything, which is how
-TRL reward functions work unchanged). Available names:
+Two calling conventions, told apart by the function's signature, so TRL reward functions run
+unchanged and rlcore's own keep working:
 
-``completions`` (text of the final assistant message of each trajectory), ``completion_messages``
-(every message after the prompt), ``completion_texts`` (all sampled text concatenated),
-``completion_ids``, ``prompts`` (prompt messages), ``prompt_ids``, ``trajectories``, ``infos``,
-``step_rewards``, ``total_reward`` (cumulative environment reward), ``num_turns``,
-``trainer_state``, and every dataset column by its name (``answer``, ``solution`` …) as a list.
+* **TRL's** (the function takes ``**kwargs``, as every TRL reward must): it gets exactly what TRL
+  1.16's ``GRPOTrainer`` passes (``trl/trainer/grpo_trainer.py`` ``_calculate_rewards``) in TRL's
+  shapes: ``prompts`` and ``completions`` as strings for a standard (plain-text ``prompt``) dataset
+  and as message lists for a conversational one (``[{"role": "assistant", "content": …}]``),
+  ``completion_ids``, every dataset column except ``prompt``, ``trainer_state``, ``log_extra`` and
+  ``log_metric``. rlcore's extras (below) come too when the function names them.
+* **rlcore's** (no ``**kwargs``): the function gets only the arguments its signature names:
+  ``completions`` (text of the final assistant message of each trajectory), ``completion_messages``
+  (every message after the prompt), ``completion_texts`` (all sampled text concatenated),
+  ``completion_ids``, ``prompts`` (prompt messages), ``prompt_ids``, ``trajectories``, ``infos``,
+  ``step_rewards``, ``total_reward`` (cumulative environment reward), ``num_turns``,
+  ``trainer_state``, ``log_metric``, ``log_extra`` and every dataset column by its name.
 
 A reward that raises on a batch is retried one sample at a time; a sample that still raises gets
-``None`` (ignored by advantages) and is counted in ``reward_errors/<name>``.
+``None`` (ignored by advantages) and is counted in ``reward_errors/<name>``. The trainer stops the
+run when a reward raised on *every* sample of a batch (:class:`RewardFunctionError`, chained to the
+first exception so its traceback shows once): training on nothing must not look like training.
 """
 
 from __future__ import annotations
@@ -19,9 +28,30 @@ import inspect
 import math
 from typing import Any, Callable, Sequence
 
+import attrs
+
 from .asyncutil import to_thread_if_sync
+from .errors import RewardFunctionError  # noqa: F401 - re-exported for reward authors
 from .hookspecs import hookimpl
 from .types import Trajectory
+
+#: What TRL 1.16 passes every reward function besides the dataset columns.
+TRL_REWARD_ARGS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+
+
+@attrs.define
+class RewardContext:
+    """Run-level values the trainer hands to rewards: ``trainer_state`` and TRL's logging callbacks
+    (``log_metric(name, value)`` adds a scalar to the step's metrics, ``log_extra(column, values)``
+    a column to the logged completions)."""
+
+    trainer_state: Any = None
+    log_metric: Callable[[str, float], None] | None = None
+    log_extra: Callable[[str, list[Any]], None] | None = None
+
+
+def _no_log(*_: Any, **__: Any) -> None:
+    """Stand-in logging callback outside a trainer (the rollout CLI, direct calls)."""
 
 
 def _last_assistant(messages: list[dict[str, Any]]) -> str:
@@ -31,14 +61,20 @@ def _last_assistant(messages: list[dict[str, Any]]) -> str:
     return ""
 
 
-def reward_inputs(trajectories: Sequence[Trajectory], trainer_state: Any = None) -> dict[str, Any]:
-    """Every argument a reward may ask for, as lists aligned with ``trajectories``."""
+def _is_conversational_prompt(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and all(isinstance(m, dict) and "role" in m for m in value)
+
+
+def reward_inputs(trajectories: Sequence[Trajectory], trainer_state: Any = None,
+                  context: RewardContext | None = None) -> dict[str, Any]:
+    """Every argument an rlcore-style reward may ask for, as lists aligned with ``trajectories``."""
+    context = context or RewardContext(trainer_state=trainer_state)
     prompts = []
     completion_messages = []
     for t in trajectories:
         n_prompt = int(t.infos.get("prompt_messages", 0) or 0) or _prompt_len(t)
         prompts.append(t.messages[:n_prompt])
-        completion_messages.append(t.messages[n_prompt:])
+        completion_messages.append([_plain(m) for m in t.messages[n_prompt:]])
     columns: dict[str, list[Any]] = {}
     keys: list[str] = []
     for t in trajectories:
@@ -61,9 +97,44 @@ def reward_inputs(trajectories: Sequence[Trajectory], trainer_state: Any = None)
         step_rewards=[list(t.step_rewards) for t in trajectories],
         total_reward=[t.total_reward for t in trajectories],
         num_turns=[t.num_turns for t in trajectories],
-        trainer_state=trainer_state,
+        trainer_state=context.trainer_state if context.trainer_state is not None else trainer_state,
+        log_metric=context.log_metric or _no_log,
+        log_extra=context.log_extra or _no_log,
     )
     return inputs
+
+
+def trl_reward_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
+    """TRL's reward arguments from rlcore's: the dataset's own ``prompt`` values (text or messages),
+    completions in the matching shape, the other columns, and the run-level values.
+
+    A trajectory whose dataset row had no ``prompt`` column (rlcore's ``question``/``messages``
+    columns, environment-only rows) counts as conversational when it came from messages."""
+    trajs: list[Trajectory] = inputs["trajectories"]
+    prompts: list[Any] = []
+    completions: list[Any] = []
+    for i, t in enumerate(trajs):
+        raw = t.data.get("prompt") if "prompt" in t.data else inputs["prompts"][i]
+        prompts.append(raw)
+        if _is_conversational_prompt(raw):
+            completions.append(inputs["completion_messages"][i])
+        else:
+            completions.append(inputs["completion_texts"][i])
+    out = {k: inputs[k] for t in trajs for k in t.data if k != "prompt"}
+    out.update(
+        prompts=prompts, completions=completions, completion_ids=inputs["completion_ids"],
+        trainer_state=inputs["trainer_state"], log_extra=inputs["log_extra"], log_metric=inputs["log_metric"],
+    )
+    return out
+
+
+def _plain(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as TRL hands it to rewards: role and content (tool calls kept when present)."""
+    out = {"role": message.get("role"), "content": message.get("content")}
+    for key in ("tool_calls", "name", "tool_call_id"):
+        if message.get(key) is not None:
+            out[key] = message[key]
+    return out
 
 
 def _prompt_len(t: Trajectory) -> int:
@@ -88,9 +159,7 @@ class Reward:
 
     @hookimpl
     async def compute_reward(self, trajectories: list[Trajectory]) -> dict[str, list[float | None]]:
-        values, errors = await score_reward(self.name, self.score, trajectories, getattr(self, "trainer_state", None))
-        self.errors = getattr(self, "errors", 0) + errors  # samples that raised, like FunctionReward
-        return {self.name: values}
+        return await _score_into(self, self.score, trajectories)
 
 
 class FunctionReward(Reward):
@@ -107,18 +176,45 @@ class FunctionReward(Reward):
 
     @hookimpl
     async def compute_reward(self, trajectories: list[Trajectory]) -> dict[str, list[float | None]]:
-        values, errors = await score_reward(self.name, self.fn, trajectories, self.trainer_state)
-        self.errors += errors
-        return {self.name: values}
+        return await _score_into(self, self.fn, trajectories)
 
 
-def _wanted(fn: Callable[..., Any], inputs: dict[str, Any]) -> dict[str, Any]:
+async def _score_into(reward: Any, fn: Callable[..., Any], trajectories: list[Trajectory]) -> dict[str, list[float | None]]:
+    """Score with ``fn`` and keep the reward object's counters: samples that raised (``errors``),
+    the first exception of this batch (``last_failures``) — the trainer reads both."""
+    failures: list[BaseException] = []
+    context = getattr(reward, "context", None)
+    values, errors = await score_reward(reward.name, fn, trajectories, getattr(reward, "trainer_state", None),
+                                        context=context, failures=failures)
+    reward.errors = getattr(reward, "errors", 0) + errors
+    reward.last_failures = failures
+    return {reward.name: values}
+
+
+def takes_kwargs(fn: Callable[..., Any]) -> bool:
+    """True for TRL-style reward functions (``**kwargs``): they get TRL's arguments and shapes."""
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in _signature(fn).parameters.values())
+
+
+def _signature(fn: Callable[..., Any]) -> inspect.Signature:
     target = fn
     if not (inspect.isfunction(fn) or inspect.ismethod(fn)) and callable(fn):
         target = fn.__call__  # type: ignore[attr-defined]
-    sig = inspect.signature(target)
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
-        return dict(inputs)
+    return inspect.signature(target)
+
+
+def _wanted(fn: Callable[..., Any], inputs: dict[str, Any]) -> dict[str, Any]:
+    sig = _signature(fn)
+    if takes_kwargs(fn):  # TRL's convention: TRL's arguments, plus rlcore extras the function names
+        out = trl_reward_inputs(inputs)
+        for pname, p in sig.parameters.items():
+            if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD) or pname in out:
+                continue
+            if pname in inputs:
+                out[pname] = inputs[pname]
+            elif p.default is inspect.Parameter.empty:
+                out[pname] = [None] * len(inputs["trajectories"])
+        return out
     out = {}
     for pname, p in sig.parameters.items():
         if p.kind in (inspect.Parameter.VAR_POSITIONAL,):
@@ -149,22 +245,26 @@ def _check(name: str, values: Any, n: int) -> list[float | None]:
 
 
 async def score_reward(
-    name: str, fn: Callable[..., Any], trajectories: Sequence[Trajectory], trainer_state: Any = None
+    name: str, fn: Callable[..., Any], trajectories: Sequence[Trajectory], trainer_state: Any = None,
+    *, context: RewardContext | None = None, failures: list[BaseException] | None = None,
 ) -> tuple[list[float | None], int]:
-    """Run one reward over a batch, isolating samples that raise. Returns (values, error count)."""
+    """Run one reward over a batch, isolating samples that raise. Returns (values, error count);
+    the exceptions of failing samples are appended to ``failures`` when given."""
     n = len(trajectories)
     if n == 0:
         return [], 0
     try:
-        inputs = reward_inputs(trajectories, trainer_state)
+        inputs = reward_inputs(trajectories, trainer_state, context)
         return _check(name, await to_thread_if_sync(fn, **_wanted(fn, inputs)), n), 0
-    except Exception:  # noqa: BLE001 - retry per sample to find the culprit(s)
+    except Exception as exc:  # noqa: BLE001 - retry per sample to find the culprit(s)
         if n == 1:
+            if failures is not None:
+                failures.append(exc)
             return [None], 1
     values: list[float | None] = []
     errors = 0
     for t in trajectories:
-        v, e = await score_reward(name, fn, [t], trainer_state)
+        v, e = await score_reward(name, fn, [t], trainer_state, context=context, failures=failures)
         values.extend(v)
         errors += e
     return values, errors

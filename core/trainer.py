@@ -17,9 +17,11 @@ the buffer is empty one *generation step* refills it:
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
+import traceback
 from typing import Any, Sequence
 
 import torch
@@ -32,9 +34,9 @@ from .algorithms.advantages import AdvantageStats, group_indices
 from .algorithms.logprobs import completion_logprobs
 from .algorithms.losses import LossConfig
 from .asyncutil import run_sync
-from .errors import ConfigError
+from .errors import ConfigError, RewardFunctionError
 from .plugins import RunHooks
-from .rewards import compute_rewards
+from .rewards import RewardContext, compute_rewards
 from .training import checkpoint as ckpt
 from .training.components import (
     apply_peft,
@@ -57,6 +59,8 @@ from .training.progress import RichProgressCallback
 from .types import Batch, Trajectory
 
 __all__ = ["GRPOConfig", "GRPOTrainer"]
+
+logger = logging.getLogger(__name__)
 
 
 class _StepCounter(torch.utils.data.Dataset):
@@ -146,6 +150,10 @@ class GRPOTrainer(Trainer):
         self._last_log_time: float | None = None
         self._last_logged_step = 0
         self._generations = 0
+        self._pending_reward_metrics: dict[str, list[float]] = {}
+        self._pending_reward_extras: dict[str, list[Any]] = {}
+        self.completion_extras: dict[str, list[Any]] = {}
+        self._reported_reward_errors: set[str] = set()
         self.plot_paths: list[str] = []
         if not args.disable_tqdm:
             self.remove_callback(ProgressCallback)
@@ -210,15 +218,18 @@ class GRPOTrainer(Trainer):
         return result.trajectories
 
     def _score(self, trajs: list[Trajectory]) -> tuple[Any, dict[str, list[float | None]], AdvantageStats]:
+        context = RewardContext(trainer_state=self.state, log_metric=self._log_reward_metric, log_extra=self._log_reward_extra)
         for r in self.reward_objects:
             if hasattr(r, "trainer_state"):
                 r.trainer_state = self.state
+            r.context = context
         hooks = RunHooks(*self.reward_objects)
         errors_before = {r.name: getattr(r, "errors", 0) for r in self.reward_objects}
         columns = run_sync(compute_rewards(hooks, trajs, self.reward_weights))
         self._reward_errors = {
             f"reward_errors/{r.name}": float(getattr(r, "errors", 0) - errors_before[r.name]) for r in self.reward_objects
         }
+        self._check_reward_failures(len(trajs))
         rewards = torch.tensor([
             math.nan if (t.reward is None or t.status == "failed") else float(t.reward) for t in trajs
         ], dtype=torch.float32)
@@ -231,6 +242,34 @@ class GRPOTrainer(Trainer):
         if not isinstance(stats, AdvantageStats):
             stats = AdvantageStats(groups=len(group_indices(groups)))
         return adv, columns, stats
+
+    def _check_reward_failures(self, n: int) -> None:
+        """A reward that raised on every sample stops the run (chained to its first exception, so
+        that traceback shows once); one that raised on some samples is reported once per run."""
+        for r in self.reward_objects:
+            failures = getattr(r, "last_failures", None) or []
+            if not failures:
+                continue
+            first = failures[0]
+            if len(failures) >= n > 0:
+                raise RewardFunctionError(
+                    f"reward {r.name!r} raised on all {n} samples ({type(first).__name__}: {first}); "
+                    "fix the reward function (its traceback is above)"
+                ) from first
+            if r.name not in self._reported_reward_errors:
+                self._reported_reward_errors.add(r.name)
+                logger.warning(
+                    "reward %r raised on %d of %d samples; they get no reward (counted in reward_errors/%s). First error:\n%s",
+                    r.name, len(failures), n, r.name, "".join(traceback.format_exception(first)).rstrip(),
+                )
+
+    def _log_reward_metric(self, name: str, value: float) -> None:
+        """TRL's ``log_metric`` for rewards: averaged into the step's metrics under ``name``."""
+        self._pending_reward_metrics.setdefault(str(name), []).append(float(value))
+
+    def _log_reward_extra(self, column: str, values: list[Any]) -> None:
+        """TRL's ``log_extra`` for rewards: a column beside the logged completions."""
+        self._pending_reward_extras.setdefault(str(column), []).extend(list(values))
 
     def _generate_and_score(self) -> list[dict[str, Any]]:
         t0 = time.perf_counter()
@@ -251,12 +290,21 @@ class GRPOTrainer(Trainer):
         self._attach_logps(batch)
         self._gen_metrics = rollout_metrics(trajs, columns, stats.zero_std_frac)
         self._gen_metrics.update(getattr(self, "_reward_errors", {}))
+        for name, values in self._pending_reward_metrics.items():
+            self._gen_metrics[name] = sum(values) / len(values) if values else float("nan")
+        self._pending_reward_metrics = {}
+        self.completion_extras = self._pending_reward_extras
+        self._pending_reward_extras = {}
         scheduler_metrics = getattr(self.scheduler_obj, "metrics", None)
         if callable(scheduler_metrics):  # e.g. openenv/* client counters (retries, timeouts, sessions)
             self._gen_metrics.update({k: float(v) for k, v in scheduler_metrics().items()})
         self._rollout_time += time.perf_counter() - t0
         self._gen_metrics["rollout_only_time"] = t_rollout
         self._sampled_tokens += self._gen_metrics["sampled_tokens"]
+        if self.model.training:  # TRL's num_tokens: prompt + completion tokens seen so far
+            seen = sum(len(t.prompt_ids) + len(t.completion_ids) for t in trajs)
+            self.state.num_input_tokens_seen = int(getattr(self.state, "num_input_tokens_seen", 0) or 0) + seen
+        self._gen_metrics["num_tokens"] = float(self.state.num_input_tokens_seen)
         self._generations += 1
         return self._micro_batches(batch)
 

@@ -48,9 +48,15 @@ def reference(kind, logps, old, ref, samp, adv, mask, valid, cfg: LossConfig) ->
         seq_lr = sum(float(logps[i, t] - old[i, t]) for t in range(T) if mask[i, t]) / max(n_i, 1)
         for t in range(T):
             a = float(adv[i, t]) if adv.dim() == 2 else float(adv[i])
-            lr = seq_lr if kind == "gspo" else float(logps[i, t] - old[i, t])
+            seq_level = kind == "gspo" or cfg.importance_sampling_level == "sequence"
+            lr = seq_lr if seq_level else float(logps[i, t] - old[i, t])
             r = math.exp(lr)
-            if kind == "cispo":
+            if kind == "vespo":  # TRL 1.16 get_gamma_weights: w = exp(sum of token log-ratios)
+                log_w = max(min(sum(float(logps[i, s] - old[i, s]) for s in range(T) if mask[i, s]), 20.0), math.log(1e-8))
+                a0 = float(adv[i, 0]) if adv.dim() == 2 else float(adv[i])
+                k, lam = (cfg.vespo_k_pos, cfg.vespo_lambda_pos) if a0 >= 0 else (cfg.vespo_k_neg, cfg.vespo_lambda_neg)
+                v = -math.exp(lam + k * log_w - lam * math.exp(log_w)) * a * float(logps[i, t])
+            elif kind == "cispo":
                 v = -min(r, eps_hi) * a * float(logps[i, t])
             elif kind == "sapo":
                 tau = cfg.sapo_temperature_pos if a > 0 else cfg.sapo_temperature_neg
@@ -62,7 +68,7 @@ def reference(kind, logps, old, ref, samp, adv, mask, valid, cfg: LossConfig) ->
             v *= _is_weight(cfg.is_correction, old, samp, mask, i, t, cfg.is_threshold, valid)
             if cfg.beta:
                 d = float(ref[i, t] - logps[i, t])
-                v += cfg.beta * (math.exp(d) - d - 1)
+                v += cfg.beta * (math.exp(d) - d - 1) * (r if cfg.use_bias_correction_kl else 1.0)
             per[i][t] = v
     if kind in ("grpo", "gspo", "sapo"):
         tot = 0.0
@@ -70,6 +76,8 @@ def reference(kind, logps, old, ref, samp, adv, mask, valid, cfg: LossConfig) ->
             n_i = sum(int(mask[i, t]) for t in range(T))
             tot += sum(per[i][t] for t in range(T) if mask[i, t]) / max(n_i, 1)
         return tot / B
+    if kind == "luspo":
+        return sum(sum(per[i][t] for t in range(T) if mask[i, t]) for i in range(B)) / B
     s = sum(per[i][t] for i in range(B) for t in range(T) if mask[i, t])
     n = sum(int(mask[i, t]) for i in range(B) for t in range(T))
     if kind == "bnpo":
@@ -86,10 +94,12 @@ CONFIGS = [
     LossConfig(is_correction="token_mask", is_threshold=1.4, num_items=13),
     LossConfig(is_correction="sequence_truncate", is_threshold=1.2, beta=0.1),
     LossConfig(is_correction="sequence_mask", is_threshold=1.6, epsilon_high=5.0),
+    LossConfig(importance_sampling_level="sequence", beta=0.05, num_items=9),
+    LossConfig(beta=0.05, use_bias_correction_kl=False, vespo_k_pos=1.5, vespo_lambda_neg=1.0),
 ]
 
 
-@pytest.mark.parametrize("kind", ["grpo", "bnpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo"])
+@pytest.mark.parametrize("kind", ["grpo", "bnpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo", "luspo", "vespo"])
 @pytest.mark.parametrize("ci", range(len(CONFIGS)))
 @pytest.mark.parametrize("per_token_adv", [False, True])
 def test_loss_matches_reference(kind: str, ci: int, per_token_adv: bool) -> None:

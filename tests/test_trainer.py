@@ -217,21 +217,39 @@ def test_mask_truncated_completions_leaves_them_out(tmp_path: Any, tiny_model_di
     assert trainer.state.global_step == 1
 
 
-def test_reward_errors_are_logged_per_reward(tmp_path: Any, tiny_model_dir: str) -> None:
+def test_reward_errors_are_logged_per_reward(tmp_path: Any, tiny_model_dir: str, caplog: Any) -> None:
     calls = {"n": 0}
 
-    def flaky(completions: list[str]) -> list[float]:
-        # raises for every batch and every single sample of the first generation, then works
+    def flaky(completions: list[str], trajectories: list[Trajectory]) -> list[float]:
+        # the first generation: the batch call raises, then every other single sample raises; later ones work
         calls["n"] += 1
-        if calls["n"] <= 1 + 8:
+        if calls["n"] == 1 or (calls["n"] <= 1 + 8 and calls["n"] % 2 == 0):
             raise RuntimeError("scorer offline")
         return [1.0] * len(completions)
 
     flaky.__name__ = "flaky"
     args = config(tmp_path, reward_funcs=["digits"], max_steps=2)
     trainer = GRPOTrainer(tiny_model_dir, args=args, train_dataset=digits_dataset(16), reward_funcs=[flaky])
-    trainer.train()
+    with caplog.at_level("WARNING", logger="rlcore.trainer"):
+        trainer.train()
     rows = metrics(tmp_path)
-    assert rows[0]["reward_errors/flaky"] == 8.0  # 2 prompts × 4 generations, each isolated and counted
+    assert rows[0]["reward_errors/flaky"] == 4.0  # 2 prompts × 4 generations, each isolated; half raised
     assert rows[0]["reward_errors/digits"] == 0.0
     assert rows[1]["reward_errors/flaky"] == 0.0 and rows[1]["rewards/flaky"] == 1.0
+    warned = [r for r in caplog.records if "raised on 4 of 8 samples" in r.getMessage()]
+    assert len(warned) == 1 and "RuntimeError: scorer offline" in warned[0].getMessage()
+
+
+def test_reward_failing_on_every_sample_stops_the_run(tmp_path: Any, tiny_model_dir: str) -> None:
+    from rlcore import RewardFunctionError
+
+    def broken(completions: list[Any], **kwargs: Any) -> list[float]:
+        return [len(c[0]["content"]) for c in completions]  # conversational shape on a standard dataset
+
+    args = config(tmp_path, reward_funcs=None, max_steps=2)
+    rows = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(8)]
+    trainer = GRPOTrainer(tiny_model_dir, args=args, train_dataset=rows, reward_funcs=[broken])
+    with pytest.raises(RewardFunctionError, match=r"reward 'broken' raised on all 8 samples \(TypeError") as info:
+        trainer.train()
+    assert isinstance(info.value.__cause__, TypeError)
+    assert trainer.state.global_step == 0

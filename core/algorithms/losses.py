@@ -19,11 +19,20 @@ dapo       sum over all tokens / active tokens of the whole generation batch (``
 gspo       one importance ratio per sequence (geometric mean of token ratios), grpo normalisation
 cispo      REINFORCE weighted by the clipped, detached ratio (ε_max = ``epsilon_high``); dapo norm.
 sapo       soft sigmoid gate instead of a hard clip (temperatures by advantage sign); grpo norm.
+luspo      clipped surrogate summed over each sequence's tokens, mean over sequences (TRL 1.16)
+vespo      REINFORCE scaled by a detached gamma weight φ(w) of the sequence ratio w (TRL 1.16
+           ``get_gamma_weights``: φ(w) = e^λ w^k e^(-λw), k/λ by advantage sign); dapo norm.
 =========  ==================================================================================
+
+``importance_sampling_level="sequence"`` (TRL's GSPO switch) makes every loss use one ratio per
+sequence — the mean of its token log-ratios — as in TRL, where it applies to all loss types;
+``gspo`` is ``grpo`` at sequence level. With ``beta`` > 0 the k3 KL term is multiplied by the
+ratio (TRL's ``use_bias_correction_kl``, default on).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import attrs
@@ -31,7 +40,8 @@ import torch
 
 from .is_correction import importance_weights
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo")
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo", "luspo", "vespo")
+_CLIPPED = ("grpo", "bnpo", "dr_grpo", "dapo", "gspo", "luspo")
 
 
 @attrs.define
@@ -50,6 +60,12 @@ class LossConfig:
     is_threshold: float = 3.0
     is_min_threshold: float | None = None
     num_items: float | None = None
+    importance_sampling_level: str = "token"
+    use_bias_correction_kl: bool = True
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
 
     @property
     def epsilon_low(self) -> float:
@@ -92,7 +108,8 @@ def _policy_loss(
     if adv.dim() == 1:
         adv = adv.unsqueeze(1)
     log_ratio = logps - old
-    if kind == "gspo":
+    token_log_ratio = log_ratio
+    if kind == "gspo" or cfg.importance_sampling_level == "sequence":
         log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
     ratio = torch.exp(log_ratio)
     metrics: dict[str, float] = {}
@@ -103,13 +120,20 @@ def _policy_loss(
         per_token = -weight * adv * logps
         metrics["clip_ratio/high"] = _masked_mean(((ratio > eps_high) & (adv > 0)).to(logps.dtype).expand_as(mask), mask)
         metrics["clip_ratio/low"] = 0.0
+        metrics["cispo_clip_ratio"] = metrics["clip_ratio/high"]
     elif kind == "sapo":
         temp = torch.where(adv > 0, torch.full_like(adv, cfg.sapo_temperature_pos), torch.full_like(adv, cfg.sapo_temperature_neg))
         gate = torch.sigmoid(temp * (ratio - 1.0)) * 4.0 / temp
         per_token = -gate * adv
         metrics["clip_ratio/low"] = 0.0
         metrics["clip_ratio/high"] = 0.0
-    else:  # grpo, bnpo, dr_grpo, dapo, gspo: PPO-style clipped surrogate
+    elif kind == "vespo":
+        phi = _gamma_weights(adv, token_log_ratio, mask, cfg)
+        per_token = -phi * adv * logps
+        metrics["clip_ratio/low"] = 0.0
+        metrics["clip_ratio/high"] = 0.0
+        metrics["vespo/phi_seq_mean"] = float(phi.mean())
+    else:  # grpo, bnpo, dr_grpo, dapo, gspo, luspo: PPO-style clipped surrogate
         clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
         unclipped = ratio if cfg.delta is None else torch.clamp(ratio, max=cfg.delta)
         per_token = -torch.min(unclipped * adv, clipped * adv)
@@ -117,6 +141,12 @@ def _policy_loss(
         high = ((ratio > 1.0 + eps_high) & (adv > 0)).to(logps.dtype)
         metrics["clip_ratio/low"] = _masked_mean(low.expand_as(mask) if low.shape[-1] == 1 else low, mask)
         metrics["clip_ratio/high"] = _masked_mean(high.expand_as(mask) if high.shape[-1] == 1 else high, mask)
+        # TRL's names (and its per-sequence extremes) beside rlcore's
+        metrics["clip_ratio/low_mean"] = metrics["clip_ratio/low"]
+        metrics["clip_ratio/high_mean"] = metrics["clip_ratio/high"]
+        metrics["clip_ratio/region_mean"] = metrics["clip_ratio/low"] + metrics["clip_ratio/high"]
+        metrics["clip_ratio/low_min"] = _seq_extreme(low, mask, min)
+        metrics["clip_ratio/high_max"] = _seq_extreme(high, mask, max)
     per_token = per_token.expand_as(mask) if per_token.shape != mask.shape else per_token
 
     if cfg.is_correction and sampler_logps is not None:
@@ -132,22 +162,50 @@ def _policy_loss(
             raise ValueError("beta != 0 needs ref_logps (the reference model's logprobs)")
         d = ref_logps - logps
         kl = torch.exp(d) - d - 1.0  # k3: unbiased, always >= 0
+        if cfg.use_bias_correction_kl:  # TRL: the KL of samples from the old policy, reweighted
+            kl = kl * ratio
         per_token = per_token + cfg.beta * kl
         metrics["kl"] = _masked_mean(kl.detach(), mask)
 
     masked = per_token * mask
     if kind in ("grpo", "gspo", "sapo"):
         loss = (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    elif kind == "luspo":
+        loss = masked.sum(-1).mean()
     elif kind == "bnpo":
         loss = masked.sum() / mask.sum().clamp(min=1.0)
     elif kind == "dr_grpo":
         loss = masked.sum() / (mask.shape[0] * cfg.max_completion_length)
-    else:  # dapo, cispo
+    else:  # dapo, cispo, vespo
         denom = cfg.num_items if cfg.num_items is not None else mask.sum()
         loss = masked.sum() / max(float(denom), 1.0)
     metrics["clip_ratio/region"] = metrics["clip_ratio/low"] + metrics["clip_ratio/high"]
     metrics["policy_loss"] = float(loss.detach())
     return loss, metrics
+
+
+def _seq_extreme(x: torch.Tensor, mask: torch.Tensor, pick: Any) -> float:
+    """Smallest/largest per-sequence mean of ``x`` (TRL's ``clip_ratio/low_min`` and ``/high_max``)."""
+    rows = mask.sum(-1) > 0
+    if not rows.any():
+        return 0.0
+    per_seq = x.squeeze(-1) if x.shape[-1] == 1 else (x * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+    return float(pick(per_seq[rows].tolist()))
+
+
+@torch.no_grad()
+def _gamma_weights(adv: torch.Tensor, token_log_ratio: torch.Tensor, mask: torch.Tensor, cfg: Any) -> torch.Tensor:
+    """VESPO's detached per-sequence weight φ(w) = exp(λ + k·log w − λ·w), w the *summed* sequence
+    ratio, k and λ by advantage sign (the formula of TRL 1.16 ``GRPOTrainer.get_gamma_weights``)."""
+    floor = math.log(1e-8)
+    seq = (torch.clamp(token_log_ratio, -20.0, 20.0) * mask).sum(-1, keepdim=True)
+    log_w = torch.clamp(seq, floor, 20.0)
+    w = torch.exp(log_w)
+    a = adv if adv.shape[-1] == 1 else adv[:, :1]
+    nonneg = a >= 0
+    k = torch.where(nonneg, torch.full_like(a, cfg.vespo_k_pos), torch.full_like(a, cfg.vespo_k_neg))
+    lam = torch.where(nonneg, torch.full_like(a, cfg.vespo_lambda_pos), torch.full_like(a, cfg.vespo_lambda_neg)).clamp(min=1e-4)
+    return torch.exp(lam + k * log_w - lam * w).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
 
 def _make(kind: str) -> Callable[..., tuple[torch.Tensor, dict[str, float]]]:
@@ -177,3 +235,5 @@ dapo_loss = _make("dapo")
 gspo_loss = _make("gspo")
 cispo_loss = _make("cispo")
 sapo_loss = _make("sapo")
+luspo_loss = _make("luspo")
+vespo_loss = _make("vespo")

@@ -45,6 +45,31 @@ def rollout_metrics(trajectories: Sequence[Any], columns: dict[str, list[float |
     }
     for name, vals in columns.items():
         out[f"rewards/{name}"] = _mean([v if v is not None else float("nan") for v in vals])
+    out.update(trl_rollout_metrics(trajectories, columns, zero_std_frac))
+    return out
+
+
+def trl_rollout_metrics(trajectories: Sequence[Any], columns: dict[str, list[float | None]], zero_std_frac: float) -> dict[str, float]:
+    """The generation-side keys TRL 1.16's ``GRPOTrainer`` logs (``_generate``,
+    ``_generate_and_score_completions``), so TRL dashboards read rlcore runs. Lengths count the
+    sampled tokens (TRL's ``tool_mask``); a completion is clipped when it hit the length limit."""
+    lengths = [float(sum(sum(turn.loss_mask) for turn in t.turns)) for t in trajectories] or [0.0]
+    clipped = [t.status == "truncated" for t in trajectories]
+    terminated = [n for n, c in zip(lengths, clipped) if not c] or [0.0]
+    out: dict[str, float] = {
+        "completions/mean_length": sum(lengths) / len(lengths),
+        "completions/min_length": min(lengths),
+        "completions/max_length": max(lengths),
+        "completions/clipped_ratio": sum(clipped) / len(clipped) if clipped else 0.0,
+        "completions/mean_terminated_length": sum(terminated) / len(terminated),
+        "completions/min_terminated_length": min(terminated),
+        "completions/max_terminated_length": max(terminated),
+        "frac_reward_zero_std": zero_std_frac,
+    }
+    for name, vals in columns.items():
+        clean = [v if v is not None else float("nan") for v in vals]
+        out[f"rewards/{name}/mean"] = _mean(clean)
+        out[f"rewards/{name}/std"] = _std(clean)
     return out
 
 

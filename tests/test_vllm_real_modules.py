@@ -2,12 +2,14 @@
 
 vLLM cannot be installed here, but several of its modules import on a CPU from an unpacked wheel
 (``pip download vllm==X --no-deps``; unzip ``vllm/*.py``; their pure-Python dependencies — msgspec,
-pyzmq, cbor2, blake3, gguf, pybase64, uvloop, setproctitle, openai-harmony — installed):
+pyzmq, cbor2, blake3, gguf, pybase64, setproctitle, openai-harmony, and for 0.33's sampler
+xgrammar, apache-tvm-ffi, partial-json-parser, llguidance — installed; uvloop is stubbed in the
+subprocess):
 
 - ``vllm/v1/serial_utils.py`` (every version checked, 0.10.0–0.33.0): the msgpack path of
   ``collective_rpc`` arguments;
 - ``vllm/sampling_params.py`` (every version): request validation;
-- ``vllm/v1/sample/sampler.py`` (0.10.2–0.17.0; 0.25+ need ``xgrammar`` at import): logprobs per
+- ``vllm/v1/sample/sampler.py`` (0.10.1–0.33.0; 0.10.0 predates ``LogitsProcessors``): logprobs per
   ``logprobs_mode`` on CPU logits (settings that need a compiled op — the repetition penalty calls
   ``vllm._C`` — are left out).
 

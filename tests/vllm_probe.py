@@ -80,6 +80,12 @@ def sampler_probe(cases: list[dict]) -> list[list[float] | str] | str:
 
 if __name__ == "__main__":
     spec = json.loads(sys.stdin.read())
+    try:  # vLLM imports uvloop at module level to run its servers; nothing probed here uses it, and
+        import uvloop  # noqa: F401  # installing it would switch every uvicorn in the test suite to it
+    except ImportError:
+        import types
+
+        sys.modules["uvloop"] = types.ModuleType("uvloop")
     import vllm
 
     print(json.dumps({

@@ -397,8 +397,10 @@ class VLLMSampler(Sampler):
         with self._lock:
             if not self._asleep:
                 return
-            tags = sorted(self._asleep)
-            self._call("wake_up", tags=tags) if tags != ["kv_cache", "weights"] else self._call("wake_up")
+            if self._asleep == {"weights", "kv_cache"}:
+                self._call("wake_up")
+            else:  # update_weights already woke the weights
+                self._call("wake_up", tags=sorted(self._asleep))
             self._asleep.clear()
             self.sleep_level = 0
 

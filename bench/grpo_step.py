@@ -7,14 +7,22 @@ step time of each side (after warm-up steps) and their ratio. Writes bench/resul
 and .png.
 
     python bench/grpo_step.py [--steps 20] [--warmup 2] [--num-generations 8] [--max-completion-length 32]
+    python bench/grpo_step.py --shape qwen2-0.5b --prompts 8 --max-completion-length 256 \
+        --steps 3 --warmup 1 [--bf16] --out results/grpo_step_gpu_fp32         # on a GPU (bench/gpu.sh)
+
+Both trainers get the same randomly initialised weights (one model built, then copied) and the same
+tokenizer; ``--bf16`` turns on mixed precision (``bf16=True``) on both sides, fp32 otherwise. For
+rlcore the per-step rollout time (generation + rewards) is reported beside the step time.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -82,29 +90,34 @@ def trl_reward(completions: list[Any], answer: list[Any], **kwargs: Any) -> list
     return digits_reward(texts, answer)
 
 
-def build(a: argparse.Namespace, model_dir: str, rows: list[dict], out: str, baton: Baton) -> dict[str, Any]:
+def build(a: argparse.Namespace, rows: list[dict], out: str, baton: Baton) -> dict[str, Any]:
     import datasets
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch
     from trl import GRPOConfig as TRLConfig
     from trl import GRPOTrainer as TRLTrainer
 
     from rlcore.trainer import GRPOConfig, GRPOTrainer
 
+    sys.path.insert(0, HERE)
+    from shapes import load_model
+
+    model, tok = load_model(a.size, "cuda" if torch.cuda.is_available() else "cpu", "float32")
+    twin = copy.deepcopy(model)
+
     common = dict(
         per_device_train_batch_size=a.prompts * a.num_generations, num_generations=a.num_generations,
         max_completion_length=a.max_completion_length, loss_type=a.loss_type, max_steps=a.steps + a.warmup,
         learning_rate=1e-5, beta=0.0, temperature=1.0, logging_steps=1, save_strategy="no", report_to="none",
-        disable_tqdm=True, seed=0,
+        disable_tqdm=True, seed=0, bf16=a.bf16,
     )
     times = {"rlcore": [], "trl": []}
-    ours = GRPOTrainer(model_dir, args=GRPOConfig(output_dir=os.path.join(out, "rlcore"), reward_funcs=["digits"], **common),
-                       train_dataset=rows, callbacks=[timing_callback("rlcore", baton, times["rlcore"])])
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    ours = GRPOTrainer(model.train(), args=GRPOConfig(output_dir=os.path.join(out, "rlcore"), reward_funcs=["digits"], **common),
+                       train_dataset=rows, processing_class=tok, callbacks=[timing_callback("rlcore", baton, times["rlcore"])])
     trl_rows = [{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in rows]
     theirs = TRLTrainer(
-        model=AutoModelForCausalLM.from_pretrained(model_dir), reward_funcs=trl_reward,
-        # float32 on both sides
-        args=TRLConfig(output_dir=os.path.join(out, "trl"), bf16=False, **common),
+        model=twin.train(), reward_funcs=trl_reward,
+        # the same precision on both sides (float32, or bf16 mixed precision with --bf16)
+        args=TRLConfig(output_dir=os.path.join(out, "trl"), **common),
         train_dataset=datasets.Dataset.from_list(trl_rows),
         processing_class=tok, callbacks=[timing_callback("trl", baton, times["trl"])],
     )
@@ -119,17 +132,17 @@ def main() -> None:
     ap.add_argument("--num-generations", type=int, default=8)
     ap.add_argument("--max-completion-length", type=int, default=32)
     ap.add_argument("--loss-type", default="dapo")
-    ap.add_argument("--size", default="tiny", help="rlcore.testing model size (tiny, small)")
+    ap.add_argument("--size", "--shape", default="tiny", help="model shape: tiny, small (rlcore.testing) or qwen2-0.5b")
+    ap.add_argument("--bf16", action="store_true", help="bf16 mixed precision on both sides (default float32)")
+    ap.add_argument("--out", default=os.path.join(RESULTS, "grpo_step"), help="JSON/PNG path without suffix")
     a = ap.parse_args()
 
     from rlcore.tasks import digits_dataset
-    from rlcore.testing import tiny_model_path
 
-    model_dir = tiny_model_path(size=a.size)
     rows = digits_dataset(256)
     baton = Baton(["rlcore", "trl"])
     with tempfile.TemporaryDirectory() as out:
-        built = build(a, model_dir, rows, out, baton)
+        built = build(a, rows, out, baton)
         errors: dict[str, BaseException] = {}
 
         def run(name: str) -> None:
@@ -150,10 +163,22 @@ def main() -> None:
     times = built["times"]
     med = {k: statistics.median(v[a.warmup:]) for k, v in times.items()}
     ratio = med["rlcore"] / med["trl"]
-    print(f"median step time: rlcore {med['rlcore']:.3f}s  TRL {med['trl']:.3f}s  ratio {ratio:.3f} (goal <= 0.7)")
-    result = {"setup": vars(a), "median_step_s": med, "ratio": ratio, "goal": 0.7, "step_times": times}
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "grpo_step.json"), "w") as f:
+    import torch
+    import transformers
+
+    history = built["trainers"]["rlcore"].state.log_history
+    rollout = [h["rollout_time"] for h in history if "rollout_time" in h][a.warmup:]
+    rollout_med = statistics.median(rollout) if rollout else None
+    goal = 0.5 if torch.cuda.is_available() else 0.7
+    print(f"median step time: rlcore {med['rlcore']:.3f}s  TRL {med['trl']:.3f}s  ratio {ratio:.3f} (goal <= {goal})"
+          + (f"; rlcore rollout {rollout_med:.3f}s of its step" if rollout_med is not None else ""))
+    meta = {"torch": torch.__version__, "transformers": transformers.__version__,
+            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+            "precision": "bf16 mixed" if a.bf16 else "float32"}
+    result = {"setup": vars(a), "meta": meta, "median_step_s": med, "ratio": ratio, "goal": goal,
+              "rlcore_median_rollout_s": rollout_med, "step_times": times}
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    with open(a.out + ".json", "w") as f:
         json.dump(result, f, indent=2)
     _plot(times, med, ratio, a)
 
@@ -171,12 +196,12 @@ def _plot(times: dict[str, list[float]], med: dict[str, float], ratio: float, a:
     ax.axvspan(0.5, a.warmup + 0.5, color="k", alpha=0.06, label="warm-up (excluded)")
     ax.set_xlabel("step")
     ax.set_ylabel("seconds")
-    ax.set_title(f"GRPO step time, {a.prompts}×{a.num_generations} completions ≤{a.max_completion_length} tok, "
-                 f"{a.loss_type}: ratio {ratio:.2f}")
+    ax.set_title(f"GRPO step, {a.size} {'bf16' if a.bf16 else 'fp32'}, {a.prompts}×{a.num_generations} completions "
+                 f"≤{a.max_completion_length} tok, {a.loss_type}: ratio {ratio:.2f}", fontsize=9)
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(os.path.join(RESULTS, "grpo_step.png"))
+    fig.savefig(a.out + ".png")
 
 
 if __name__ == "__main__":

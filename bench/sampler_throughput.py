@@ -1,20 +1,27 @@
-"""Throughput of the ``hf`` sampler: micro-batched vs one-by-one vs transformers' continuous batching.
+"""Throughput of the ``hf`` sampler: micro-batched vs one-by-one vs transformers' own generation.
 
-For each model size and each concurrency level (1, 8, 64 requests in flight at once, like that many
-trajectories waiting on their next turn) it measures generated tokens per second of:
+For each model shape and each amount of work (``C`` requests in flight at once, like that many
+trajectories waiting on their next turn, ``T`` tokens each) it measures generated tokens per second of:
 
-- ``batched``    — ``HFSampler`` as shipped: concurrent requests gathered by arrival into one batch;
-- ``one_by_one`` — the same sampler with ``max_batch_size=1`` (a forward loop per request; its
+- ``batched``    — ``HFSampler`` as shipped: concurrent requests gathered into one batch (on CUDA
+  the static cache + CUDA-graph decode path, on CPU the dynamic loop);
+- ``dynamic``    — the same sampler forced onto the dynamic loop (``decode="dynamic"``);
+- ``one_by_one`` — the sampler with ``max_batch_size=1`` (a forward loop per request; its
   throughput does not depend on how many wait, so at most ``--serial-cap`` requests are timed);
+- ``generate``   — ``model.generate`` on the left-padded batch (sampling, fixed length);
 - ``continuous`` — transformers' ``model.generate_batch`` (continuous batching manager, paged cache).
 
-All modes run in the same process side by side, so ratios are meaningful on a noisy machine.
-Completions have a fixed length (no stop token) so every mode generates the same token count.
+All modes run in the same process side by side, so ratios are meaningful on a noisy machine; each
+is warmed up once on the same work shortened to a few tokens (CUDA graphs captured, kernels
+loaded) and timed ``--repeats`` times (the median is reported). Completions have a fixed length
+(no stop token) so every mode generates the same token count.
 
-    python bench/sampler_throughput.py                      # tiny + small (~50M), 32 tokens
+    python bench/sampler_throughput.py                      # CPU: tiny + small (~50M), 32 tokens
     python bench/sampler_throughput.py --sizes tiny --max-tokens 16
+    python bench/sampler_throughput.py --sizes qwen2-0.5b --device cuda --dtype bfloat16 \
+        --work 64x128 256x256 --modes batched dynamic generate          # the GPU set (bench/gpu.sh)
 
-Writes ``bench/results/sampler_throughput.json`` and ``.png``.
+Writes ``bench/results/sampler_throughput.json`` and ``.png`` (or ``--out``).
 """
 
 from __future__ import annotations
@@ -24,15 +31,19 @@ import asyncio
 import json
 import os
 import platform
+import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from rlcore.sampling.hf import HFSampler
-from rlcore.testing import SIZES, tiny_model_path
-from rlcore.types import SamplingParams
+sys.path.insert(0, str(Path(__file__).parent))
+from shapes import load_model, shape_names  # noqa: E402
+
+from rlcore.sampling.hf import HFSampler  # noqa: E402
+from rlcore.types import SamplingParams  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -62,38 +73,87 @@ def run_continuous(model: Any, prompts: list[list[int]], max_tokens: int) -> tup
 
     gen = GenerationConfig(max_new_tokens=max_tokens, do_sample=True, temperature=1.0, eos_token_id=-1, pad_token_id=0)
     cb = ContinuousBatchingConfig(num_blocks=256, page_size=32, max_batch_tokens=1024, return_logprobs=True)
+    _sync(model)
     start = time.perf_counter()
     out = model.generate_batch(prompts, generation_config=gen, continuous_batching_config=cb, warmup=False)
     return sum(len(o.generated_tokens) for o in out.values()), time.perf_counter() - start
 
 
-def bench_size(size: str, levels: list[int], max_tokens: int, modes: list[str], threads: int, serial_cap: int, progress: Any, task: Any) -> list[dict[str, Any]]:
-    path = tiny_model_path(size=size)
-    batched = HFSampler(path, batch_window_ms=5, max_batch_size=max(levels), num_threads=threads)
-    serial = HFSampler(batched.model, batched.tokenizer, max_batch_size=1, num_threads=threads)  # same weights
-    params_m = sum(p.numel() for p in batched.model.parameters()) / 1e6
+def run_generate(model: Any, tokenizer: Any, prompts: list[list[int]], max_tokens: int) -> tuple[int, float]:
+    """``model.generate`` over the left-padded batch: sampling, every row exactly ``max_tokens``."""
+    from transformers import GenerationConfig
+
+    dev = next(model.parameters()).device
+    L = max(len(p) for p in prompts)
+    pad = tokenizer.pad_token_id or 0
+    ids = torch.tensor([[pad] * (L - len(p)) + p for p in prompts], device=dev)
+    attn = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in prompts], device=dev)
+    gen = GenerationConfig(max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=True, temperature=1.0,
+                           top_k=0, top_p=1.0, eos_token_id=None, pad_token_id=pad, bos_token_id=None)
+    _sync(model)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, attention_mask=attn, generation_config=gen)
+    _sync(model)
+    return (out.shape[1] - L) * len(prompts), time.perf_counter() - start
+
+
+def _sync(model: Any) -> None:
+    if next(model.parameters()).device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def bench_size(size: str, work: list[tuple[int, int]], modes: list[str], a: argparse.Namespace, progress: Any,
+               task: Any, save: Any = None) -> list[dict[str, Any]]:
+    model, tok = load_model(size, a.device, a.dtype)
+    biggest = max(c for c, _ in work)
+    threads = a.threads
+    samplers = {
+        "batched": lambda: HFSampler(model, tok, batch_window_ms=5, max_batch_size=biggest, num_threads=threads),
+        "dynamic": lambda: HFSampler(model, tok, batch_window_ms=5, max_batch_size=biggest, num_threads=threads, decode="dynamic"),
+        "one_by_one": lambda: HFSampler(model, tok, max_batch_size=1, num_threads=threads),
+    }
+    live: dict[str, HFSampler] = {}
+    params_m = sum(p.numel() for p in model.parameters()) / 1e6
     rows = []
-    asyncio.run(run_sampler(batched, make_prompts(batched.tokenizer, 2), 4))  # warm-up
-    for level in levels:
-        prompts = make_prompts(batched.tokenizer, level)
+    for level, max_tokens in work:
+        prompts = make_prompts(tok, level)
         for mode in modes:
+            def once(n_tokens: int) -> tuple[int, float]:
+                if mode in samplers:
+                    if mode not in live:
+                        live[mode] = samplers[mode]()
+                    ps = prompts[: a.serial_cap] if mode == "one_by_one" else prompts
+                    return asyncio.run(run_sampler(live[mode], ps, n_tokens))
+                if mode == "generate":
+                    return run_generate(model, tok, prompts, n_tokens)
+                return run_continuous(model, prompts, n_tokens)
+
+            row: dict[str, Any] = {"size": size, "params_m": round(params_m, 1), "concurrency": level,
+                                   "max_tokens": max_tokens, "mode": mode}
+            try:
+                t_warm = time.perf_counter()
+                once(min(4, max_tokens))  # warm-up: graphs captured, kernels loaded, allocator grown
+                row["warmup_s"] = round(time.perf_counter() - t_warm, 2)
+                runs = [once(max_tokens) for _ in range(a.repeats if mode in samplers else 1)]
+            except Exception as exc:  # noqa: BLE001 - report, keep benchmarking the rest
+                rows.append({**row, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"})
+                progress.advance(task)
+                continue
+            tps = [t / s for t, s in runs]
+            row.update(tokens=runs[0][0], seconds=round(statistics.median(s for _, s in runs), 3),
+                       tokens_per_s=round(statistics.median(tps), 1), runs_tokens_per_s=[round(x, 1) for x in tps])
             if mode == "batched":
-                toks, secs = asyncio.run(run_sampler(batched, prompts, max_tokens))
-            elif mode == "one_by_one":
-                toks, secs = asyncio.run(run_sampler(serial, prompts[:serial_cap], max_tokens))
-            else:
-                try:
-                    toks, secs = run_continuous(batched.model, prompts, max_tokens)
-                except Exception as exc:  # noqa: BLE001 - report, keep benchmarking the rest
-                    rows.append({"size": size, "params_m": params_m, "concurrency": level, "mode": mode,
-                                 "error": f"{type(exc).__name__}: {exc}"})
-                    progress.advance(task)
-                    continue
-            rows.append({"size": size, "params_m": round(params_m, 1), "concurrency": level, "mode": mode,
-                         "tokens": toks, "seconds": round(secs, 3), "tokens_per_s": round(toks / secs, 1)})
+                eng = live[mode]._engine
+                row["decode"] = "cuda_graph" if eng is not None and eng.use_graphs else ("static" if eng else "dynamic")
+                if eng is not None:
+                    row["graphs"] = eng.captures
+            rows.append(row)
+            if save is not None:
+                save(rows)  # after every row: a run stopped by a time limit keeps what it measured
             progress.advance(task)
-    asyncio.run(batched.close())
-    asyncio.run(serial.close())
+    for s in live.values():
+        asyncio.run(s.close())
     return rows
 
 
@@ -103,21 +163,24 @@ def plot(rows: list[dict[str, Any]], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sizes = sorted({r["size"] for r in rows}, key=list(SIZES).index)
+    sizes = sorted({r["size"] for r in rows}, key=shape_names().index)
     modes = list(dict.fromkeys(r["mode"] for r in rows))
     fig, axes = plt.subplots(1, len(sizes), figsize=(6 * len(sizes), 4), squeeze=False)
     for ax, size in zip(axes[0], sizes):
         sub = [r for r in rows if r["size"] == size and "tokens_per_s" in r]
-        levels = sorted({r["concurrency"] for r in sub})
+        levels = sorted({(r["concurrency"], r["max_tokens"]) for r in sub})
         width = 0.8 / max(1, len(modes))
         for j, mode in enumerate(modes):
-            vals = [next((r["tokens_per_s"] for r in sub if r["concurrency"] == c and r["mode"] == mode), 0) for c in levels]
+            vals = [next((r["tokens_per_s"] for r in sub if (r["concurrency"], r["max_tokens"]) == c and r["mode"] == mode), 0)
+                    for c in levels]
             ax.bar([i + j * width for i in range(len(levels))], vals, width, label=mode)
-        ax.set_xticks([i + width * (len(modes) - 1) / 2 for i in range(len(levels))], [str(c) for c in levels])
-        ax.set_xlabel("concurrent requests")
+        ax.set_xticks([i + width * (len(modes) - 1) / 2 for i in range(len(levels))], [f"{c}×{t}" for c, t in levels])
+        ax.set_xlabel("concurrent requests × tokens each")
         ax.set_ylabel("generated tokens / s")
         params = sub[0]["params_m"] if sub else "?"
         ax.set_title(f"hf sampler, {size} model ({params}M params)")
+        if any(r["tokens_per_s"] > 1000 for r in sub):
+            ax.set_yscale("log")
         ax.legend()
     fig.tight_layout()
     fig.savefig(out, dpi=120)
@@ -127,33 +190,51 @@ def main() -> None:
     from rich.progress import Progress
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=list(SIZES))
+    ap.add_argument("--sizes", "--shape", nargs="+", default=["tiny", "small"], choices=shape_names())
     ap.add_argument("--levels", nargs="+", type=int, default=[1, 8, 64])
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--work", nargs="+", default=None, metavar="CxT",
+                    help="concurrency x tokens pairs, e.g. 64x128 256x256 (instead of --levels/--max-tokens)")
     ap.add_argument("--modes", nargs="+", default=["batched", "one_by_one", "continuous"],
-                    choices=["batched", "one_by_one", "continuous"])
+                    choices=["batched", "dynamic", "one_by_one", "generate", "continuous"])
+    ap.add_argument("--no-plot", action="store_true", help="write the JSON only")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--repeats", type=int, default=1, help="timed runs of the sampler modes (median reported)")
     ap.add_argument("--serial-cap", type=int, default=8, help="most requests timed one by one")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads for every mode (1 is stable on a shared, oversubscribed machine)")
     ap.add_argument("--out", default=str(RESULTS / "sampler_throughput"))
     args = ap.parse_args()
+    work = ([tuple(int(x) for x in w.lower().split("x")) for w in args.work] if args.work
+            else [(c, args.max_tokens) for c in args.levels])
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)  # the continuous-batching manager's thread inherits the default
-    rows: list[dict[str, Any]] = []
-    with Progress() as progress:
-        task = progress.add_task("sampler throughput", total=len(args.sizes) * len(args.levels) * len(args.modes))
-        for size in args.sizes:
-            progress.console.print(f"preparing the {size} model (built on first use)…")
-            rows += bench_size(size, args.levels, args.max_tokens, args.modes, args.threads, args.serial_cap, progress, task)
+    import transformers
+
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"torch": torch.__version__, "cpus": os.cpu_count(),
-            "cuda": torch.cuda.is_available(), "machine": platform.machine(), "max_tokens": args.max_tokens,
+    meta = {"torch": torch.__version__, "transformers": transformers.__version__, "cpus": os.cpu_count(),
+            "cuda": torch.cuda.is_available(), "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
+            "device": args.device, "dtype": args.dtype, "machine": platform.machine(), "work": work,
             "threads": args.threads, "load_average": os.getloadavg()}
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
-    plot(rows, out.with_suffix(".png"))
+    done: list[dict[str, Any]] = []
+
+    def save(new_rows: list[dict[str, Any]]) -> None:
+        out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": done + new_rows}, indent=2))
+
+    with Progress() as progress:
+        task = progress.add_task("sampler throughput", total=len(args.sizes) * len(work) * len(args.modes))
+        for size in args.sizes:
+            progress.console.print(f"preparing the {size} model (built on first use)…")
+            done += bench_size(size, work, args.modes, args, progress, task, save)
+    rows = done
+    save([])
+    if not args.no_plot:
+        plot(rows, out.with_suffix(".png"))
     for r in rows:
-        print(f"{r['size']:>5} c={r['concurrency']:>3} {r['mode']:>10}: " + (f"{r['tokens_per_s']:8.1f} tok/s" if "tokens_per_s" in r else r["error"]))
+        print(f"{r['size']:>10} {r['concurrency']:>3}x{r['max_tokens']:<4} {r['mode']:>10}: "
+              + (f"{r['tokens_per_s']:10.1f} tok/s" if "tokens_per_s" in r else r["error"]))
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
 
 

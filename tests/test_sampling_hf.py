@@ -1,4 +1,9 @@
-"""The ``hf`` sampler on the real tiny transformer: exact logprobs, batching, stops, seeds, weights."""
+"""The ``hf`` sampler on the real tiny transformer: exact logprobs, batching, stops, seeds, weights.
+
+Device-agnostic: every test runs on the default device (CUDA when present) in float32, once per
+decode path — ``dynamic`` (the CPU default) and ``static`` (static cache; CUDA graphs on CUDA,
+eager on CPU). The trainer-side references are computed on the model's own device.
+"""
 
 from __future__ import annotations
 
@@ -14,9 +19,15 @@ from rlcore.sampling.batcher import MicroBatcher
 from rlcore.sampling.hf import HFSampler
 
 
+@pytest.fixture(scope="module", params=["dynamic", "static"])
+def decode(request) -> str:
+    """The decode path under test."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def sampler(tiny_model_dir: str):
-    s = HFSampler(tiny_model_dir, batch_window_ms=20)
+def sampler(tiny_model_dir: str, decode: str):
+    s = HFSampler(tiny_model_dir, batch_window_ms=20, dtype="float32", decode=decode)
     yield s
     asyncio.run(s.close())
 
@@ -34,10 +45,12 @@ def prompts(sampler: HFSampler) -> list[list[int]]:
 
 def recompute_logprobs(model, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
     """What a trainer does: one plain forward over prompt+completion, logits / temperature."""
-    ids = torch.tensor([prompt + completion])
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt + completion], device=device)
     with torch.no_grad():
         logits = model(ids).logits[0, len(prompt) - 1 : -1].float() / temperature
-    return torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None]).squeeze(1)
+    lp = torch.log_softmax(logits, -1).gather(1, torch.tensor(completion, device=device)[:, None]).squeeze(1)
+    return lp.cpu()
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -139,11 +152,12 @@ def test_registered_and_listed(sampler: HFSampler) -> None:
         make_sampler("hf", model=sampler.model, tokenizer=sampler.tokenizer, batch_windw_ms=3)
 
 
-async def test_shared_module_needs_no_copy_and_update_weights_loads(tiny_model_dir: str, prompts) -> None:
+async def test_shared_module_needs_no_copy_and_update_weights_loads(tiny_model_dir: str, prompts, decode: str) -> None:
     from transformers import AutoModelForCausalLM
 
-    trainer_model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).train()
-    s = HFSampler(trainer_model, batch_window_ms=1)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    trainer_model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).to(device).train()
+    s = HFSampler(trainer_model, batch_window_ms=1, decode=decode)
     try:
         params = SamplingParams(max_tokens=6, temperature=1.0, seed=3, stop_token_ids=[-1])
         before = await s.generate(prompts[0], params)
@@ -166,7 +180,7 @@ async def test_shared_module_needs_no_copy_and_update_weights_loads(tiny_model_d
         assert s.policy_version == 2 and restored.meta["policy_version"] == 2
         with pytest.raises(SamplerError, match="no parameter named"):
             s.update_weights({"not.a.weight": torch.zeros(1)})
-        s.sleep()  # CPU: a no-op, generation still works
+        s.sleep()  # CPU: a no-op; shared module: the trainer owns it; generation still works
         s.wake_up()
         assert (await s.generate(prompts[0], params)).token_ids == before.token_ids
     finally:
@@ -186,7 +200,7 @@ async def test_min_tokens_bans_stop_tokens_until_reached(sampler: HFSampler, pro
     assert stop_tok not in held.token_ids[:3]
 
 
-async def test_lora_update_loads_only_adapters(tiny_model_dir: str, prompts) -> None:
+async def test_lora_update_loads_only_adapters(tiny_model_dir: str, prompts, decode: str) -> None:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
@@ -194,7 +208,8 @@ async def test_lora_update_loads_only_adapters(tiny_model_dir: str, prompts) -> 
 
     def peft_model():
         cfg = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
-        return get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), cfg)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        return get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir).to(device), cfg)
 
     trainer, served = peft_model(), peft_model()
     torch.manual_seed(1)
@@ -202,7 +217,7 @@ async def test_lora_update_loads_only_adapters(tiny_model_dir: str, prompts) -> 
         for name, p in trainer.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.5)
-    s = HFSampler(served, tokenizer=tiny_model_dir, batch_window_ms=1)
+    s = HFSampler(served, tokenizer=tiny_model_dir, batch_window_ms=1, decode=decode)
     try:
         params = SamplingParams(max_tokens=4, temperature=1.0, seed=6, stop_token_ids=[-1])
         stale = await s.generate(prompts[1], params)
@@ -218,7 +233,8 @@ async def test_lora_update_loads_only_adapters(tiny_model_dir: str, prompts) -> 
 
 
 async def test_late_requests_join_the_running_batch_and_short_ones_leave_early(sampler: HFSampler, prompts) -> None:
-    long_params = SamplingParams(max_tokens=150, temperature=1.0, seed=31, stop_token_ids=[-1])
+    long_params = SamplingParams(max_tokens=1500 if sampler.device.type == "cuda" else 150, temperature=1.0, seed=31,
+                                 stop_token_ids=[-1])
     short = SamplingParams(max_tokens=3, temperature=0.8, seed=32, stop_token_ids=[-1])
     n_batches = len(sampler.batch_sizes)
     long_task = asyncio.ensure_future(sampler.generate(prompts[2], long_params))  # a short prompt
@@ -251,10 +267,12 @@ def test_trickling_requests_gather_into_one_batch() -> None:
     b.close()
 
 
-async def test_staggered_joiners_are_prefilled_together(tiny_model_dir: str, prompts) -> None:
-    s = HFSampler(tiny_model_dir, batch_window_ms=1, join_window_ms=150, seed=0)
+async def test_staggered_joiners_are_prefilled_together(tiny_model_dir: str, prompts, decode: str) -> None:
+    s = HFSampler(tiny_model_dir, batch_window_ms=1, join_window_ms=150, seed=0, dtype="float32", decode=decode)
     try:
-        long_params = SamplingParams(max_tokens=400, temperature=1.0, seed=41, stop_token_ids=[-1])
+        # long enough to still be decoding when the staggered joiners are admitted (CUDA graphs are fast)
+        long_params = SamplingParams(max_tokens=3000 if s.device.type == "cuda" else 400, temperature=1.0, seed=41,
+                                     stop_token_ids=[-1])
         short = SamplingParams(max_tokens=4, temperature=0.9, stop_token_ids=[-1])
         long_task = asyncio.ensure_future(s.generate(prompts[2], long_params))
         while not s.batch_sizes:
@@ -275,7 +293,9 @@ async def test_staggered_joiners_are_prefilled_together(tiny_model_dir: str, pro
         await s.close()
 
 
-async def test_padding_left_behind_by_finished_rows_is_trimmed(sampler: HFSampler, prompts) -> None:
+async def test_padding_left_behind_by_finished_rows_is_trimmed(sampler: HFSampler, prompts, decode: str) -> None:
+    if decode == "static":
+        pytest.skip("the static path pads nothing: each row attends to its own slot's columns only")
     # a long prompt that stops early and a short prompt that goes on: once the long row leaves, the
     # short row's cache is trimmed back to its own length (else every later step carries the padding)
     long_prompt, short_prompt = prompts[1], prompts[2]

@@ -79,7 +79,7 @@ def test_every_loss_trains(tmp_path: Any, tiny_model_dir: str, loss_type: str) -
 def test_lora_trains_adapters_and_merges_for_a_separate_sampler(tmp_path: Any, tiny_model_dir: str) -> None:
     from rlcore.sampling.hf import HFSampler
 
-    separate = HFSampler(tiny_model_dir, seed=0)
+    separate = HFSampler(tiny_model_dir, seed=0, dtype="float32")  # the trainer's precision (CUDA's default is bf16)
     args = config(tmp_path, use_peft=True, lora_r=4, lora_alpha=8, lora_dropout=0.0, learning_rate=2e-2, max_steps=2)
     trainer = GRPOTrainer(tiny_model_dir, args=args, train_dataset=digits_dataset(16), sampler=separate)
     base_before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" not in n}

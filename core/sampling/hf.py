@@ -8,6 +8,11 @@ rather than ``model.generate`` because every row has its own sampling parameters
 the logprob of each sampled token comes out of the same logits that drew it (semantics in
 :mod:`rlcore.sampling.processing`).
 
+On CUDA the decode loop is the static one (:mod:`rlcore.sampling.hf_static`): a KV cache allocated
+once, each step (sampling included) captured as a CUDA graph per batch-size bucket and replayed with
+one launch, the host one step behind. On the CPU the dynamic loop stays (it is faster there: no
+padding to a fixed cache length); ``decode="static"`` runs the static path anywhere, eagerly off CUDA.
+
 Weight sync is an in-place copy into the model; when the sampler was given the trainer's own
 ``nn.Module`` (colocated on one device) the parameters are shared and there is nothing to copy.
 """
@@ -57,6 +62,10 @@ class HFSampler(Sampler):
         max_batch_size: the most sequences decoded together.
         max_model_len: prompt + completion limit (default: the model's ``max_position_embeddings``).
         seed: seeds the generator used by requests without their own seed.
+        decode: ``"auto"`` (static cache + CUDA graphs on CUDA when the model is full-attention,
+            else the dynamic loop), ``"static"`` (the static path; eager off CUDA) or ``"dynamic"``.
+        cuda_graphs: capture the static path's steps as CUDA graphs (False: run them eagerly —
+            for debugging; the results are the same).
         num_threads: CPU threads every forward of the decode loop uses (set on the sampler's worker
             thread only). Default on CPU: small forwards (decode steps, a few joiners' prefill —
             under ``PARALLEL_MIN_FLOPS``) run on one thread and larger ones on all cores but one.
@@ -82,6 +91,8 @@ class HFSampler(Sampler):
         max_model_len: int | None = None,
         seed: int | None = None,
         num_threads: int | None = None,
+        decode: str = "auto",
+        cuda_graphs: bool = True,
         **opts: Any,
     ) -> None:
         import torch
@@ -89,8 +100,11 @@ class HFSampler(Sampler):
         if opts:
             raise ConfigError(
                 f"hf sampler got unknown options: {', '.join(sorted(opts))}; it takes device, dtype, "
-                "batch_window_ms, max_batch_wait_ms, join_window_ms, max_batch_size, max_model_len, seed, num_threads"
+                "batch_window_ms, max_batch_wait_ms, join_window_ms, max_batch_size, max_model_len, seed, num_threads, "
+                "decode, cuda_graphs"
             )
+        if decode not in ("auto", "static", "dynamic"):
+            raise ConfigError(f"hf sampler decode must be auto, static or dynamic, got {decode!r}")
         self.owns_model = isinstance(model, (str, os.PathLike))
         if self.owns_model:
             self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -117,6 +131,15 @@ class HFSampler(Sampler):
         self._n_params = sum(p.numel() for p in self.model.parameters())
         self._spare_cores = _spare_cores()
         self.join_window_s = max(0.0, join_window_ms / 1000.0)
+        self.decode_mode = decode
+        self.cuda_graphs = cuda_graphs
+        self._engine: Any = None  # the static path's cache and graphs, built on first use
+        from .hf_static import static_eligible
+
+        why = static_eligible(self.model) if decode != "dynamic" else None
+        if why and decode == "static":
+            raise ConfigError(f"hf sampler decode='static' cannot serve this model: {why}; use decode='auto' or 'dynamic'")
+        self._static_ok = decode == "static" or (decode == "auto" and why is None and self.device.type == "cuda")
         self._batcher: MicroBatcher[_Request] = MicroBatcher(
             self._run_batch, window_s=batch_window_ms / 1000.0, max_batch_size=max_batch_size, name="hf sampler",
             max_wait_s=None if max_batch_wait_ms is None else max_batch_wait_ms / 1000.0, streaming=True,
@@ -150,6 +173,7 @@ class HFSampler(Sampler):
             if self.device.type == "cpu" or not self.owns_model or self._asleep:
                 return
             self.model.to("cpu")
+            self._engine = None  # the static cache and the graphs over the old weights go too
             self._asleep = True
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
@@ -206,6 +230,7 @@ class HFSampler(Sampler):
         import torch
 
         from .hf_decode import Decoder
+        from .hf_static import NotStatic, StaticDecoder, StaticEngine
 
         with self._lock, torch.inference_mode():
             # eval for the duration: no dropout, no gradient checkpointing (it would drop the KV
@@ -213,22 +238,29 @@ class HFSampler(Sampler):
             was_training = self.model.training
             self.model.eval()
             try:
-                last = Decoder(self, handle).run()
+                last = None
+                if self._static_ok:
+                    if self._engine is None:
+                        self._engine = StaticEngine(self, use_graphs=self.cuda_graphs)
+                    try:
+                        last = StaticDecoder(self, handle, self._engine).run()
+                    except NotStatic as exc:  # found at the first prefill, before any row was answered
+                        if self.decode_mode == "static":
+                            raise SamplerError(f"hf sampler decode='static' cannot serve this model: {exc}") from exc
+                        self._static_ok, self._engine = False, None
+                if last is None:
+                    last = Decoder(self, handle).run()
             finally:
                 if was_training:
                     self.model.train()
         for index, completion in last:
             handle.finish(index, completion)
 
-    def _uniforms(self, gens: list[Any]) -> Any:
-        """One uniform per row: from the row's own seeded generator, else the sampler's."""
+    def draw_seed(self) -> int:
+        """A seed for a request that brought none, from the sampler's own seeded generator."""
         import torch
 
-        u = torch.rand(len(gens), generator=self._rng)
-        for j, g in enumerate(gens):
-            if g is not None:
-                u[j] = torch.rand(1, generator=g)[0]
-        return u
+        return int(torch.randint(0, 2**62, (1,), generator=self._rng))
 
 
 def _spare_cores() -> int:

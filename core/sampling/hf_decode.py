@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from ..types import Completion
 from .batcher import BatchHandle
-from .processing import row_tensors, sample_step
+from .processing import counter_uniforms, row_tensors, sample_step, seed_words
 from .stops import StopChecker
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ class Decoder:
         self.vocab = sampler.vocab_size
         self.active: list[int] = []  # handle indices of the rows, in row order
         self.checkers: dict[int, StopChecker] = {}
-        self.gens: dict[int, Any] = {}
+        self.seeds: dict[int, tuple[int, int]] = {}  # per row: seed words for counter_uniforms
         self.meta: dict[int, dict[str, Any]] = {}
         self.attn: torch.Tensor | None = None
         self.cache: Any = None
@@ -97,7 +97,7 @@ class Decoder:
                 self.s.tokenizer, max_tokens=min(p.max_tokens, self.s.max_model_len - lens[j]),
                 stop_token_ids=p.stop_token_ids or self.s.default_stop_token_ids, stop=p.stop, min_tokens=p.min_tokens,
             )
-            self.gens[i] = torch.Generator().manual_seed(int(p.seed)) if p.seed is not None else None
+            self.seeds[i] = seed_words(p.seed if p.seed is not None else self.s.draw_seed())
             self.meta[i] = {"prompt_tokens": lens[j], "batch_size": len(self.active) + n, "joined_at_step": self.step}
         if any(p.min_tokens > 0 for p in params) or self.stop_mask is not None:
             stop_mask = torch.zeros((n, self.vocab), dtype=torch.bool, device=self.dev)
@@ -176,7 +176,8 @@ class Decoder:
         if self.stop_mask is not None:
             below = [len(self.checkers[i].token_ids) < self.checkers[i].min_tokens for i in self.active]
             banned = self.stop_mask & torch.tensor(below, device=self.dev).unsqueeze(1)
-        uniforms = self.s._uniforms([self.gens[i] for i in self.active])
+        lo, hi = (torch.tensor([self.seeds[i][k] for i in self.active]) for k in (0, 1))
+        uniforms = counter_uniforms(lo, hi, torch.tensor([len(self.checkers[i].token_ids) for i in self.active]))
         assert self.logits is not None
         return sample_step(self.logits, self.rows, uniforms, self.seen, banned)
 

@@ -10,6 +10,7 @@ from .errors import (
     PluginError,
     RewardFunctionError,
     RlcoreError,
+    RunFailedError,
     SamplerError,
     UnknownComponentError,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "Prompt",
     "RewardFunctionError",
     "RlcoreError",
+    "RunFailedError",
     "RunHooks",
     "SamplerError",
     "SamplingParams",

@@ -42,5 +42,10 @@ class MissingDependencyError(RlcoreError, ImportError):
     """An optional dependency is not installed; the message says what to pip install."""
 
 
+class RunFailedError(RlcoreError):
+    """A run that can no longer mean anything: every trajectory failed, or most of them for several
+    steps in a row. The run stops with a non-zero exit."""
+
+
 class RewardFunctionError(RlcoreError):
     """A reward function raised on every sample of a batch: the run would train on nothing."""

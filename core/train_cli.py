@@ -191,6 +191,13 @@ def build_plan(argv: Sequence[str]) -> TrainPlan:
             raise
         raise ConfigError(str(exc).splitlines()[0]) from None
     validate_components(args)
+    if not args.resume_from_checkpoint:  # before the model loads: never train into another run's directory
+        from .training.checkpoint import check_fresh_output_dir, next_free_dir
+
+        named = "output_dir" in file_values or any(a.split("=")[0] in ("--output_dir", "--output-dir") for a in rest)
+        if not named and not args.overwrite_output_dir:
+            args.output_dir = next_free_dir(args.output_dir)  # the default dir is taken: rlcore-output/digits-2 …
+        check_fresh_output_dir(args.output_dir, args.overwrite_output_dir)
     component_options = _plugin_options(args, leftover, plugin_from_file)
 
     model = script.get("model")

@@ -53,6 +53,7 @@ from .training.components import (
 )
 from .training.config import GRPOConfig, check_values, validate_components
 from .training.data import PromptCursor, as_rows, check_columns, make_prompt
+from .training.health import RunHealth
 from .training.metrics import MetricAccumulator, append_jsonl, rollout_metrics, truncate_jsonl
 from .training.plots import write_plots
 from .training.progress import RichProgressCallback
@@ -150,6 +151,7 @@ class GRPOTrainer(Trainer):
         self._last_log_time: float | None = None
         self._last_logged_step = 0
         self._generations = 0
+        self.health = RunHealth(args.failure_threshold, args.failure_patience)
         self._pending_reward_metrics: dict[str, list[float]] = {}
         self._pending_reward_extras: dict[str, list[Any]] = {}
         self.completion_extras: dict[str, list[Any]] = {}
@@ -225,10 +227,15 @@ class GRPOTrainer(Trainer):
             r.context = context
         hooks = RunHooks(*self.reward_objects)
         errors_before = {r.name: getattr(r, "errors", 0) for r in self.reward_objects}
+        timeouts_before = {r.name: getattr(r, "timeouts", 0) for r in self.reward_objects}
         columns = run_sync(compute_rewards(hooks, trajs, self.reward_weights))
         self._reward_errors = {
             f"reward_errors/{r.name}": float(getattr(r, "errors", 0) - errors_before[r.name]) for r in self.reward_objects
         }
+        self._reward_errors.update({  # samples a bounded reward stopped at its deadline (scored 0)
+            f"reward_timeouts/{r.name}": float(r.timeouts - timeouts_before[r.name])
+            for r in self.reward_objects if hasattr(r, "timeouts")
+        })
         self._check_reward_failures(len(trajs))
         rewards = torch.tensor([
             math.nan if (t.reward is None or t.status == "failed") else float(t.reward) for t in trajs
@@ -290,6 +297,7 @@ class GRPOTrainer(Trainer):
         self._attach_logps(batch)
         self._gen_metrics = rollout_metrics(trajs, columns, stats.zero_std_frac)
         self._gen_metrics.update(getattr(self, "_reward_errors", {}))
+        self.health.check(trajs)  # raises RunFailedError on a dead run
         for name, values in self._pending_reward_metrics.items():
             self._gen_metrics[name] = sum(values) / len(values) if values else float("nan")
         self._pending_reward_metrics = {}
@@ -423,8 +431,11 @@ class GRPOTrainer(Trainer):
             if path is None:
                 raise ConfigError(f"no checkpoint to resume from in {self.args.output_dir}")
             self._load_rlcore_state(path)
-        elif self.args.should_save and os.path.exists(os.path.join(self.args.output_dir, "metrics.jsonl")):
-            os.remove(os.path.join(self.args.output_dir, "metrics.jsonl"))
+        elif self.args.should_save:  # a fresh run never writes into another run's directory (the main process checks)
+            ckpt.check_fresh_output_dir(self.args.output_dir, self.args.overwrite_output_dir)
+            ckpt.clear_previous_run(self.args.output_dir)
+            self.run_id = ckpt.new_run_id()
+            ckpt.write_run_id(self.args.output_dir, self.run_id)
         self._train_start = time.perf_counter()
         try:
             return super().train(resume_from_checkpoint=path, **kwargs)
@@ -436,6 +447,11 @@ class GRPOTrainer(Trainer):
 
     def _load_rlcore_state(self, path: str) -> None:
         state, buffer = ckpt.read_state(path)
+        self.run_id = ckpt.check_owner(path, state, self.args.output_dir) or ckpt.new_run_id()
+        if self.args.should_save and ckpt.read_run_id(self.args.output_dir) is None:
+            ckpt.write_run_id(self.args.output_dir, self.run_id)  # this directory now continues that run
+        if state.get("sampler_rng") is not None and hasattr(self.sampler, "set_rng_state"):
+            self.sampler.set_rng_state(state["sampler_rng"])
         if "cursor" in state:
             self.cursor.load_state_dict(state["cursor"])
         self._generations = int(state.get("generations", 0))
@@ -460,6 +476,8 @@ class GRPOTrainer(Trainer):
             "cursor": self.cursor.state_dict(),
             "generations": self._generations,
             "gen_metrics": self._gen_metrics,
+            "run_id": getattr(self, "run_id", None),
+            "sampler_rng": self.sampler.rng_state() if hasattr(self.sampler, "rng_state") else None,
         }
         buffer = [dict(mb, batch=mb["batch"].to("cpu")) for mb in self._buffer]
         ckpt.write_state(os.path.join(tmp, folder), state, buffer)

@@ -70,3 +70,41 @@ def test_plugin_options_mapping() -> None:
     assert convert("[1, 2]", params["env_url"]) == "[1, 2]"
     with pytest.raises(rlcore.ConfigError, match=r"unknown option --cache: scheduler accepts .*--env-url"):
         plugin_options(["--no-cache"], {"scheduler": UrlScheduler})
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--num-generations", "0"], "--num-generations must be at least 1, got 0"),
+    (["--num-generations", "-3"], "--num-generations must be at least 1, got -3"),
+    (["--max-tokens", "0"], "--max-tokens must be at least 1, got 0"),
+    (["--limit", "-1"], "--limit must be 0 (all prompts) or a positive number of prompts, got -1"),
+    (["--timeout", "0"], "--timeout must be a positive number of seconds"),
+    (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
+])
+def test_bad_numbers_are_one_line_before_anything_loads(flags: list[str], needle: str, tmp_path: Path,
+                                                        capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 14: these wrote 0 trajectories, or failed every one, and exited 0."""
+    from rlcore.cli import main
+    import rlcore.sampling.hf as hf
+
+    def no_load(*a: Any, **k: Any) -> Any:  # fault injection: loading a sampler here is the bug
+        raise AssertionError("the sampler loaded before the options were checked")
+
+    monkeypatch.setattr(hf.HFSampler, "__init__", no_load)
+    with pytest.raises(SystemExit) as exc:
+        main(["rollout", *flags, "--output", str(tmp_path / "r.jsonl")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"Error: {err[7:]}" and needle in err and "\n" not in err
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_nothing_succeeded_exits_non_zero_and_keeps_the_file(tmp_path: Path, capsys: Any) -> None:
+    from rlcore.cli import main
+
+    out = tmp_path / "r.jsonl"
+    with pytest.raises(SystemExit) as exc:  # a deadline no trajectory can meet: every one fails
+        main(["rollout", "--limit", "2", "--max-tokens", "4", "--no-progress", "--timeout", "0.000001", "--output", str(out)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("Error: no trajectory succeeded: wrote 2 trajectories") and "2 failed" in err
+    assert [json.loads(x)["status"] for x in out.read_text().splitlines()] == ["failed", "failed"]

@@ -107,3 +107,44 @@ async def test_tool_scheduler_rollout(tok: Any) -> None:
     text = tok.decode(t.input_ids, skip_special_tokens=False)
     assert text + "\n" == render(tok, t.messages, tools=sched.tools)
     assert "<tool_response>\n35\n</tool_response>" in t.turns[1].text and set(t.turns[1].loss_mask) == {0}
+
+
+# --- hostile input: nothing a model writes stalls a tool call (issue 14) ----------------------------
+def test_calculator_refuses_towers_before_computing() -> None:
+    import time
+
+    t0 = time.monotonic()
+    for expr in ("(((9**99)**99)**99)**99", "9**9**9**9", "2**4097", "(9**999)*(9**999)*(9**999)", "1+" * 5000 + "1"):
+        with pytest.raises(ValueError, match="too large|too long"):
+            calculator(expr)
+    assert time.monotonic() - t0 < 5  # microseconds each; the old guard computed (9**99)**99 ...
+    assert calculator("2**4095").startswith("5221944407") and calculator("(-1)**(10**100)") == "1"
+    assert calculator("((((((((((1))))))))))") == "1"
+
+
+async def test_tool_calls_have_a_deadline_and_it_is_counted() -> None:
+    started = asyncio.Event()
+
+    async def hang(x: str) -> str:
+        """Never answers."""
+        started.set()
+        await asyncio.Event().wait()
+        return x
+
+    manager = ToolManager([hang], timeout=0.2)
+    stats: dict[str, int] = {}
+    replies = await manager.run('<tool_call>{"name": "hang", "arguments": {"x": "a"}}</tool_call>', stats)
+    assert started.is_set()
+    assert replies[0]["content"] == "Error: hang did not finish within 0.2 s"
+    assert stats == {"tool_timeouts": 1} and manager.timeouts == 1
+    with pytest.raises(ValueError, match="timeout"):
+        ToolManager([hang], timeout=0)
+
+
+def test_tool_call_floods_and_deep_json_are_bounded() -> None:
+    assert parse_tool_calls("<tool_call>" * 100_000) == []
+    deep = parse_tool_calls("<tool_call>" + "[" * 100_000 + "</tool_call>")
+    assert len(deep) == 1 and deep[0].error
+    many = '<tool_call>{"name": "calculator", "arguments": {"expression": "1+1"}}</tool_call>' * 500
+    replies = asyncio.run(ToolManager([calculator]).run(many))
+    assert len(replies) == ToolManager.max_calls and replies[0]["content"] == "2"

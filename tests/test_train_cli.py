@@ -117,3 +117,32 @@ def test_help_lists_grpo_flags(capsys: Any) -> None:
     out = capsys.readouterr().out
     for flag in ("--num_generations", "--loss_type", "--scheduler", "--use_peft", "--reward"):
         assert flag in out
+
+
+def test_bad_values_and_taken_output_dirs_are_one_line_before_the_model_loads(
+    tmp_path: Any, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 14: these were tracebacks after the model loaded, or silently mixed two runs."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert "learning_rate must be a finite number >= 0" in _fails_before_model_load(["--learning_rate", "-1"], capsys, monkeypatch)
+    assert "is a file, not a directory" in _fails_before_model_load(["--output_dir", str(afile)], capsys, monkeypatch)
+    taken = tmp_path / "taken"
+    (taken / "checkpoint-20").mkdir(parents=True)
+    err = _fails_before_model_load(["--output_dir", str(taken)], capsys, monkeypatch)
+    assert "already holds a run (checkpoint-20)" in err and "--resume_from_checkpoint" in err
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "1+1", "answer": "2"}\n{"prompt": "2+2"}\n{"answer": "3"}\n')
+    err = _fails_before_model_load(["--dataset", str(rows), "--reward", "digits", "--output_dir", str(tmp_path / "o")],
+                                   capsys, monkeypatch)
+    assert "row 2 has none of the columns" in err
+
+
+def test_the_default_output_dir_moves_aside_when_taken(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not naming --output_dir twice in a row starts a second run beside the first, never inside it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rlcore-output" / "digits" / "checkpoint-60").mkdir(parents=True)
+    assert build_plan([]).args.output_dir == "rlcore-output/digits-2"
+    (tmp_path / "rlcore-output" / "digits-2").mkdir()  # empty: free
+    assert build_plan([]).args.output_dir == "rlcore-output/digits-2"
+    assert build_plan(["--output_dir", "rlcore-output/digits", "--overwrite_output_dir", "true"]).args.output_dir == "rlcore-output/digits"

@@ -34,7 +34,7 @@ def test_resume_continues_at_the_same_step_and_data_position(tmp_path: Any, tiny
     a = GRPOTrainer(tiny_model_dir, args=config(out), train_dataset=digits_dataset(32))
     a.train()
     final_cursor = a.cursor.state_dict()
-    assert sorted(os.listdir(out)) == ["checkpoint-2", "checkpoint-4", "metrics.jsonl", "plots"]
+    assert sorted(os.listdir(out)) == ["checkpoint-2", "checkpoint-4", "metrics.jsonl", "plots", "rlcore_run.json"]
     ck2 = os.path.join(out, "checkpoint-2")
     for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json", "rlcore_state.json"):
         assert os.path.exists(os.path.join(ck2, name)), name

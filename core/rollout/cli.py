@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from ..errors import ConfigError
+from ..errors import ConfigError, RunFailedError
 
 
 def register(cli: Any) -> None:
@@ -55,12 +55,29 @@ def rollout_command(ctx: click.Context, **opts: Any) -> None:
     click.echo(summary, err=True)
 
 
+def check_options(opts: dict[str, Any]) -> None:
+    """Every numeric option, before anything loads: one line naming the flag."""
+    def need(ok: bool, flag: str, rule: str) -> None:
+        if not ok:
+            raise ConfigError(f"{flag} must be {rule}, got {opts[flag.lstrip('-').replace('-', '_')]}")
+
+    need(opts["num_generations"] >= 1, "--num-generations", "at least 1")
+    need(opts["max_tokens"] >= 1, "--max-tokens", "at least 1")
+    need(opts["limit"] >= 0, "--limit", "0 (all prompts) or a positive number of prompts")
+    need(opts["concurrency"] >= 1, "--concurrency", "at least 1")
+    need(opts["max_turns"] is None or opts["max_turns"] >= 1, "--max-turns", "at least 1")
+    need(opts["timeout"] is None or opts["timeout"] > 0, "--timeout", "a positive number of seconds")
+    need(opts["temperature"] >= 0, "--temperature", ">= 0")
+    need(0 < opts["top_p"] <= 1, "--top-p", "in (0, 1]")
+
+
 async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
     """The command's work as a coroutine (tests call it in-process)."""
     from .. import plugins as _p  # noqa: F401
     import importlib
 
     registry = importlib.import_module("rlcore.plugins")
+    check_options(opts)
     from ..data import load_prompts
     from ..plugins import RunHooks
     from ..rewards import as_reward, compute_rewards
@@ -114,6 +131,8 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
             f"{s['failed']} failed, {s['turns']} turns, {s['wall_s']:.1f}s")
     if s["failure_reasons"]:
         line += "; failures: " + json.dumps(s["failure_reasons"])
+    if s["trajectories"] and not s["ok"] and not s["truncated"]:
+        raise RunFailedError(f"no trajectory succeeded: {line}")  # the file is written: the reasons are in it
     return line
 
 

@@ -11,6 +11,7 @@ loops until the model stops calling tools or ``max_turns``.
 from __future__ import annotations
 
 import ast
+import asyncio
 import inspect
 import json
 import operator
@@ -20,11 +21,14 @@ from typing import Any, Callable
 import attrs
 
 from ..asyncutil import to_thread_if_sync
+from ..bounded import DEFAULT_TIMEOUT
 from ..types import Completion, Trajectory
 from .scheduler import MultiTurnScheduler
 from .tokens import encode_prompt
 
-_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+#: A tool's answer longer than this is cut (the model's context is the limit that matters).
+MAX_TOOL_REPLY_CHARS = 16_384
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
 
 
@@ -40,7 +44,7 @@ class ToolCall:
 def parse_tool_calls(text: str) -> list[ToolCall]:
     """Every ``<tool_call>`` block in ``text``, in order; malformed ones carry an ``error``."""
     calls = []
-    for raw in _CALL_RE.findall(text or ""):
+    for raw in _call_blocks(text or ""):
         try:
             obj = json.loads(raw)
             if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
@@ -51,9 +55,25 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
             if not isinstance(args, dict):
                 raise ValueError("'arguments' must be an object")
             calls.append(ToolCall(obj["name"], args))
-        except (ValueError, json.JSONDecodeError) as exc:
-            calls.append(ToolCall("", {}, error=f"invalid tool call {raw[:80]!r}: {exc}"))
+        except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested thousands deep
+            calls.append(ToolCall("", {}, error=f"invalid tool call {raw[:80]!r}: {str(exc)[:200]}"))
     return calls
+
+
+def _call_blocks(text: str) -> list[str]:
+    """The stripped contents of ``<tool_call>…</tool_call>`` blocks, left to right, in linear time
+    (a lazy regex rescans the rest of the text for every unclosed ``<tool_call>``: quadratic)."""
+    out = []
+    pos = 0
+    while True:
+        start = text.find(_OPEN, pos)
+        if start < 0:
+            return out
+        end = text.find(_CLOSE, start + len(_OPEN))
+        if end < 0:
+            return out
+        out.append(text[start + len(_OPEN) : end].strip())
+        pos = end + len(_CLOSE)
 
 
 def schema_of(fn: Callable[..., Any], name: str | None = None, description: str | None = None) -> dict[str, Any]:
@@ -82,9 +102,21 @@ def schema_of(fn: Callable[..., Any], name: str | None = None, description: str 
 
 
 class ToolManager:
-    """Registered tools by name: schemas for the template, parsing, and calling."""
+    """Registered tools by name: schemas for the template, parsing, and calling.
 
-    def __init__(self, tools: dict[str, Callable[..., Any]] | list[Callable[..., Any]] | None = None) -> None:
+    ``timeout`` (seconds, default 5) bounds every call: an ``async def`` tool is cancelled, a sync
+    tool's answer is no longer awaited (Python cannot stop a thread, so a sync tool that can run
+    away on model input must bound its own work, as :func:`calculator` does, or run it in a
+    :class:`rlcore.bounded.BoundedWorker`). Either way the model gets an ``Error:`` answer and
+    ``timeouts`` counts it. ``None`` disables the bound.
+    """
+
+    def __init__(self, tools: dict[str, Callable[..., Any]] | list[Callable[..., Any]] | None = None, *,
+                 timeout: float | None = DEFAULT_TIMEOUT) -> None:
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"tool timeout must be a positive number of seconds or None, got {timeout!r}")
+        self.timeout = timeout
+        self.timeouts = 0
         self._tools: dict[str, Callable[..., Any]] = {}
         self._schemas: dict[str, dict[str, Any]] = {}
         items = tools.items() if isinstance(tools, dict) else [(None, t) for t in (tools or [])]
@@ -111,25 +143,37 @@ class ToolManager:
     def parse(self, text: str) -> list[ToolCall]:
         return parse_tool_calls(text)
 
-    async def call(self, call: ToolCall) -> str:
-        """Run one call; any problem (unknown tool, bad arguments, exception) becomes the answer text."""
+    async def call(self, call: ToolCall, stats: dict[str, int] | None = None) -> str:
+        """Run one call; any problem (unknown tool, bad arguments, exception, timeout) becomes the
+        answer text. A timeout adds 1 to ``stats["tool_timeouts"]`` when ``stats`` is given."""
         if call.error:
             return f"Error: {call.error}"
         fn = self._tools.get(call.name)
         if fn is None:
             return f"Error: unknown tool {call.name!r}; available: {', '.join(self.names) or 'none'}"
         try:
-            result = await to_thread_if_sync(fn, **call.arguments)
+            result = await asyncio.wait_for(to_thread_if_sync(fn, **call.arguments), self.timeout)
+        except asyncio.TimeoutError:
+            self.timeouts += 1
+            if stats is not None:
+                stats["tool_timeouts"] = stats.get("tool_timeouts", 0) + 1
+            return f"Error: {call.name} did not finish within {self.timeout:g} s"
         except Exception as exc:  # noqa: BLE001 - the model sees the error and may retry
-            return f"Error: {call.name} raised {type(exc).__name__}: {exc}"
-        return result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)
+            return f"Error: {call.name} raised {type(exc).__name__}: {str(exc)[:500]}"
+        text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)
+        if len(text) > MAX_TOOL_REPLY_CHARS:
+            text = text[:MAX_TOOL_REPLY_CHARS] + f"… [cut: {len(text)} characters]"
+        return text
 
-    async def run(self, text: str) -> list[dict[str, Any]]:
-        """Tool messages (role ``tool``) answering every call in ``text``, in order."""
+    async def run(self, text: str, stats: dict[str, int] | None = None) -> list[dict[str, Any]]:
+        """Tool messages (role ``tool``) answering every call in ``text`` (the first ``max_calls``), in order."""
         out = []
-        for call in self.parse(text):
-            out.append({"role": "tool", "name": call.name, "content": await self.call(call)})
+        for call in self.parse(text)[: self.max_calls]:
+            out.append({"role": "tool", "name": call.name, "content": await self.call(call, stats)})
         return out
+
+    #: At most this many calls of one completion run (a completion of 10 000 calls is an attack).
+    max_calls = 32
 
 
 class EnvTool:
@@ -187,23 +231,55 @@ _OPS: dict[type, Callable[..., Any]] = {
 }
 
 
+#: The calculator's bounds: longest expression (characters) and largest integer (bits) it makes.
+MAX_EXPRESSION_CHARS = 1000
+MAX_INT_BITS = 4096
+
+
+def _check_size(value: Any) -> Any:
+    if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+        raise ValueError(f"result too large (over {MAX_INT_BITS} bits)")
+    return value
+
+
+def _bounded_op(op: ast.operator, left: Any, right: Any) -> Any:
+    """Refuse, before computing, any integer product or power whose result would pass the bound:
+    ``(((9**99)**99)**99)**99`` is rejected in microseconds instead of computed for hours."""
+    if isinstance(left, int) and isinstance(right, int):
+        if isinstance(op, ast.Pow) and right > 0 and abs(left) > 1:
+            if (abs(left).bit_length() - 1) * right > MAX_INT_BITS:
+                raise ValueError(f"result too large (over {MAX_INT_BITS} bits)")
+        elif isinstance(op, ast.Mult) and left.bit_length() + right.bit_length() > MAX_INT_BITS + 1:
+            raise ValueError(f"result too large (over {MAX_INT_BITS} bits)")
+        elif isinstance(op, ast.Pow) and right < -MAX_INT_BITS and abs(left) > 1:
+            return 0.0  # underflows to zero; int ** huge negative would still compute left ** |right|
+    if isinstance(op, ast.Pow) and isinstance(right, int) and abs(right) > MAX_INT_BITS:
+        right = float(right)  # float/complex power: constant time (overflow raises at once)
+    return _check_size(_OPS[type(op)](left, right))
+
+
 def calculator(expression: str) -> str:
     """Evaluate an arithmetic expression (+ - * / // % ** and parentheses)."""
+    text = str(expression)
+    if len(text) > MAX_EXPRESSION_CHARS:
+        raise ValueError(f"expression too long ({len(text)} characters; at most {MAX_EXPRESSION_CHARS})")
 
     def ev(node: ast.AST) -> Any:
         if isinstance(node, ast.Expression):
             return ev(node.body)
-        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
-            return node.value
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+            return _check_size(node.value)
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-            if isinstance(node.op, ast.Pow) and abs(ev(node.right)) > 100:
-                raise ValueError("exponent too large")
-            return _OPS[type(node.op)](ev(node.left), ev(node.right))
+            return _bounded_op(node.op, ev(node.left), ev(node.right))
         if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
             return _OPS[type(node.op)](ev(node.operand))
         raise ValueError(f"unsupported expression element {type(node).__name__}")
 
-    value = ev(ast.parse(str(expression), mode="eval"))
+    try:
+        tree = ast.parse(text, mode="eval")
+    except (SyntaxError, MemoryError, RecursionError) as exc:
+        raise ValueError(f"not an arithmetic expression: {str(exc)[:100]}") from None
+    value = ev(tree)
     return str(int(value) if isinstance(value, float) and value.is_integer() else value)
 
 
@@ -211,14 +287,19 @@ class ToolScheduler(MultiTurnScheduler):
     """Runs the model's tool calls and feeds back the results until it stops calling tools.
 
     Options: ``tools`` (a :class:`ToolManager`, a dict name → function, or a list of functions;
-    default: a safe ``calculator``), ``max_turns`` (4). The tool schemas are rendered into the
-    prompt by the chat template. Stats in ``infos``: ``tool_calls``, ``tool_errors``.
+    default: a safe ``calculator``), ``tool_timeout`` (seconds per call, default 5; see
+    :class:`ToolManager`), ``max_turns`` (4). The tool schemas are rendered into the prompt by the
+    chat template. Stats in ``infos``: ``tool_calls``, ``tool_errors``, ``tool_timeouts``.
     """
 
     name = "tool_scheduler"
 
-    def __init__(self, sampler: Any = None, *, tools: Any = None, **kwargs: Any) -> None:
-        manager = tools if isinstance(tools, ToolManager) else ToolManager(tools if tools is not None else [calculator])
+    def __init__(self, sampler: Any = None, *, tools: Any = None, tool_timeout: float | None = DEFAULT_TIMEOUT,
+                 **kwargs: Any) -> None:
+        if isinstance(tools, ToolManager):
+            manager = tools
+        else:
+            manager = ToolManager(tools if tools is not None else [calculator], timeout=tool_timeout)
         super().__init__(sampler, tools=manager.schemas, **kwargs)
         self.tool_manager = manager
 
@@ -234,9 +315,11 @@ class ToolScheduler(MultiTurnScheduler):
         return not self.tool_manager.parse(response_choice.message.content)
 
     async def step(self, infer_request: Trajectory, response_choice: Completion, current_turn: int) -> dict[str, Any]:
-        replies = await self.tool_manager.run(response_choice.message.content)
+        stats: dict[str, int] = {}
+        replies = await self.tool_manager.run(response_choice.message.content, stats)
         infer_request.messages.extend(replies)
         infos = infer_request.infos
+        infos["tool_timeouts"] = int(infos.get("tool_timeouts", 0)) + stats.get("tool_timeouts", 0)
         infos["tool_calls"] = int(infos.get("tool_calls", 0)) + len(replies)
         infos["tool_errors"] = int(infos.get("tool_errors", 0)) + sum(1 for r in replies if str(r["content"]).startswith("Error:"))
         return {"infer_request": infer_request}

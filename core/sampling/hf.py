@@ -256,6 +256,16 @@ class HFSampler(Sampler):
         for index, completion in last:
             handle.finish(index, completion)
 
+    def rng_state(self) -> list[int]:
+        """The generator state of requests without their own seed; checkpoints keep it so a resumed
+        run samples exactly what an uninterrupted one would."""
+        return [int(b) for b in self._rng.get_state().tolist()]
+
+    def set_rng_state(self, state: list[int]) -> None:
+        import torch
+
+        self._rng.set_state(torch.tensor(state, dtype=torch.uint8))
+
     def draw_seed(self) -> int:
         """A seed for a request that brought none, from the sampler's own seeded generator."""
         import torch

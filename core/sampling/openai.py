@@ -134,6 +134,8 @@ class OpenAISampler(Sampler):
         bucket_bytes: most bytes of weights per file / ``collective_rpc`` call.
         server_logprobs_mode: the server's ``--logprobs-mode`` if you know it; ``None`` reads it
             from ``/server_info`` (warns once when it cannot).
+        max_response_bytes: the largest completion response read (default 256 MiB); a server that
+            sends more is an error, not an out-of-memory.
     """
 
     name = "openai"
@@ -154,6 +156,7 @@ class OpenAISampler(Sampler):
         sync_dir: str | None = None,
         bucket_bytes: int | None = None,
         server_logprobs_mode: str | None = None,
+        max_response_bytes: int = 256 * 1024 * 1024,
         **opts: Any,
     ) -> None:
         if opts:
@@ -186,6 +189,7 @@ class OpenAISampler(Sampler):
         self.sleep_level = 0
         self._weights_discarded = False
         self.in_flight = 0
+        self.max_response_bytes = int(max_response_bytes)
         self._clients: dict[Any, Any] = {}  # event loop -> AsyncClient (a client is bound to its loop)
 
     # --- HTTP plumbing --------------------------------------------------------------------------------
@@ -227,7 +231,7 @@ class OpenAISampler(Sampler):
         for attempt in range(self.max_retries + 1):
             response = None
             try:
-                response = await self._client().post(path, json=body)
+                response = await _capped_post(self._client(), path, body, self.max_response_bytes)
             except (httpx.TransportError,) as exc:  # connect/read errors and timeouts
                 last = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             else:
@@ -474,6 +478,21 @@ class OpenAISampler(Sampler):
         for loop, client in clients.items():
             if loop is asyncio.get_running_loop():
                 await client.aclose()
+
+
+async def _capped_post(client: Any, path: str, body: dict[str, Any], limit: int) -> Any:
+    """POST and read the (decoded) body, at most ``limit`` bytes; returns a plain ``httpx.Response``."""
+    import httpx
+
+    async with client.stream("POST", path, json=body) as r:
+        buf = bytearray()
+        async for chunk in r.aiter_bytes():
+            buf += chunk
+            if len(buf) > limit:
+                raise SamplerError(f"openai sampler: {client.base_url}{path.lstrip('/')} sent more than {limit} bytes "
+                                   "(max_response_bytes); raise it if such responses are expected")
+        headers = [(k, v) for k, v in r.headers.items() if k.lower() not in ("content-encoding", "content-length")]
+        return httpx.Response(r.status_code, headers=headers, content=bytes(buf), request=r.request)
 
 
 def _error_message(response: Any) -> str:

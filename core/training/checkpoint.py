@@ -2,18 +2,32 @@
 then renamed to ``checkpoint-N``. A process killed mid-save leaves a ``.incomplete-*`` directory
 that ``resume_from_checkpoint`` never picks (transformers only matches ``checkpoint-<digits>``),
 so a resume always loads a complete checkpoint.
+
+Checkpoints hold only JSON and plain tensors, loaded with ``torch.load(weights_only=True)``: a
+crafted ``rlcore_buffer.pt`` cannot run code on ``--resume_from_checkpoint``.
+
+Run identity: a run writes a random ``run_id`` into ``OUTPUT_DIR/rlcore_run.json`` when it starts
+and into every checkpoint it saves. A fresh run refuses an output directory that already holds a
+run (see :func:`check_fresh_output_dir`), and a resume refuses a checkpoint written by another run
+(:func:`check_owner`), so a run never adopts a checkpoint it did not write.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import uuid
 from typing import Any
+
+from ..errors import ConfigError
 
 STATE_FILE = "rlcore_state.json"
 BUFFER_FILE = "rlcore_buffer.pt"
 INCOMPLETE_PREFIX = ".incomplete-checkpoint-"
+RUN_FILE = "rlcore_run.json"
+_CHECKPOINT_RE = re.compile(r"^checkpoint-\d+$")
 
 
 def temp_run_dir(run_dir: str, step: int) -> str:
@@ -73,7 +87,16 @@ def write_state(checkpoint_dir: str, state: dict[str, Any], buffer: Any = None) 
     if buffer:
         import torch
 
-        torch.save(buffer, os.path.join(checkpoint_dir, BUFFER_FILE))
+        torch.save([_plain_microbatch(mb) for mb in buffer], os.path.join(checkpoint_dir, BUFFER_FILE))
+
+
+def _plain_microbatch(mb: dict[str, Any]) -> dict[str, Any]:
+    """A pending micro-batch as dicts of tensors and numbers (what ``weights_only`` loading accepts)."""
+    import attrs
+
+    out = {k: v for k, v in mb.items() if k != "batch"}
+    out["batch"] = attrs.asdict(mb["batch"], recurse=False)
+    return out
 
 
 def read_state(checkpoint_dir: str) -> tuple[dict[str, Any], Any]:
@@ -87,5 +110,114 @@ def read_state(checkpoint_dir: str) -> tuple[dict[str, Any], Any]:
     if os.path.exists(bpath):
         import torch
 
-        buffer = torch.load(bpath, weights_only=False)
+        from ..types import Batch
+
+        try:
+            plain = torch.load(bpath, weights_only=True, map_location="cpu")
+        except Exception as exc:  # noqa: BLE001 - pickle refused a non-tensor object: not ours
+            raise ConfigError(
+                f"{bpath} holds something other than plain tensors ({str(exc).splitlines()[0][:160]}); "
+                "refusing to load it — delete that checkpoint or resume from another"
+            ) from None
+        buffer = [dict(mb, batch=Batch(**mb["batch"])) for mb in plain]
     return state, buffer
+
+
+# --- run identity -------------------------------------------------------------------------------------
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def read_run_id(output_dir: str) -> str | None:
+    """The run id recorded in ``output_dir`` (None when no rlcore run has claimed it)."""
+    path = os.path.join(output_dir, RUN_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return str(json.load(f)["run_id"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ConfigError(f"{path} is unreadable; delete it or pick another --output_dir") from None
+
+
+def write_run_id(output_dir: str, run_id: str) -> None:
+    os.makedirs(output_dir, exist_ok=True)
+    tmp = os.path.join(output_dir, f".{RUN_FILE}.{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"run_id": run_id}, f)
+    os.replace(tmp, os.path.join(output_dir, RUN_FILE))
+
+
+def run_artefacts(output_dir: str) -> list[str]:
+    """What in ``output_dir`` belongs to an earlier run: its run file, checkpoints, metrics."""
+    if not os.path.isdir(output_dir):
+        return []
+    names = sorted(os.listdir(output_dir))
+    ckpts = sorted((n for n in names if _CHECKPOINT_RE.match(n)), key=lambda n: int(n.split("-")[1]))
+    return [n for n in (RUN_FILE, "metrics.jsonl") if n in names] + ckpts
+
+
+def check_output_dir(output_dir: str) -> None:
+    """``output_dir`` must be a directory this process can write (checked before the model loads)."""
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise ConfigError(f"output_dir {output_dir} is a file, not a directory; pass a directory path")
+    parent = output_dir
+    while parent and not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    parent = parent or "."
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"output_dir {output_dir} cannot be created or written (no write access to {parent})")
+
+
+def next_free_dir(output_dir: str) -> str:
+    """``output_dir`` if it holds no run, else the first of ``output_dir-2``, ``-3`` … that does not.
+    Only for a directory the user did not name (the CLI's default); a named one is refused instead."""
+    if not run_artefacts(output_dir):
+        return output_dir
+    n = 2
+    while run_artefacts(f"{output_dir}-{n}"):
+        n += 1
+    return f"{output_dir}-{n}"
+
+
+def check_fresh_output_dir(output_dir: str, overwrite: bool = False) -> None:
+    """A fresh (not resumed) run refuses a directory holding an earlier run, unless ``overwrite``.
+
+    Why refuse rather than write into a new subdirectory: scripts, docs and ``save_model`` expect
+    results in the directory they named; a silent detour surprises more than one line does, and
+    refusing loses nothing."""
+    found = run_artefacts(output_dir)
+    if found and not overwrite:
+        shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+        raise ConfigError(
+            f"output_dir {output_dir} already holds a run ({shown}); resume it with --resume_from_checkpoint, "
+            "replace it with --overwrite_output_dir, or pick another --output_dir"
+        )
+
+
+def clear_previous_run(output_dir: str) -> list[str]:
+    """``overwrite_output_dir``: remove the earlier run's run file, checkpoints, metrics and plots."""
+    removed = run_artefacts(output_dir)
+    for name in removed:
+        path = os.path.join(output_dir, name)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
+    if removed and os.path.isdir(os.path.join(output_dir, "plots")):
+        shutil.rmtree(os.path.join(output_dir, "plots"))
+    return removed
+
+
+def check_owner(checkpoint_dir: str, state: dict[str, Any], output_dir: str) -> str | None:
+    """The checkpoint's run id, after checking that ``output_dir``'s run wrote it (a checkpoint of
+    another run, e.g. copied in or left by an earlier run, is refused)."""
+    ckpt_id = state.get("run_id")
+    dir_id = read_run_id(output_dir)
+    if dir_id is not None and ckpt_id != dir_id:
+        who = f"run {ckpt_id}" if ckpt_id else "a run without a run id"
+        raise ConfigError(
+            f"{checkpoint_dir} was written by {who}, not by run {dir_id} of {output_dir}; "
+            "resume that run in its own output_dir, or start a fresh run in another --output_dir"
+        )
+    return ckpt_id

@@ -10,12 +10,14 @@ loaded, so a typo costs a second, not a model load.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import TrainingArguments
 
 from ..errors import ConfigError
+from .checkpoint import check_output_dir
 
 SCALE_REWARDS = ("group", "batch", "none")
 IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
@@ -80,6 +82,9 @@ class GRPOConfig(TrainingArguments):
     gigpo_gamma: float = field(default=0.95, metadata={"help": "GiGPO discount of per-turn rewards."})
     gigpo_step_weight: float = field(default=1.0, metadata={"help": "GiGPO weight of the step-level advantage."})
     logprob_chunk_size: int = field(default=1024, metadata={"help": "Positions per lm_head chunk when computing logprobs."})
+    overwrite_output_dir: bool = field(default=False, metadata={"help": "A fresh run may replace the run already in output_dir (its checkpoints, metrics, plots are deleted)."})
+    failure_threshold: float = field(default=0.5, metadata={"help": "Stop the run when more than this share of trajectories fails for failure_patience generation steps in a row (1 disables)."})
+    failure_patience: int = field(default=3, metadata={"help": "Consecutive bad generation steps (failed share over failure_threshold, or a reward raising on every sample) before the run stops."})
     plots: bool = field(default=True, metadata={"help": "Write reward/length PNGs to OUTPUT_DIR/plots at the end."})
 
     # --- LoRA -----------------------------------------------------------------------------------------
@@ -154,6 +159,13 @@ def check_values(cfg: GRPOConfig) -> None:
         raise ConfigError("epsilon and epsilon_high must be >= 0")
     if cfg.beta < 0:
         raise ConfigError(f"beta must be >= 0, got {cfg.beta}")
+    if not cfg.learning_rate >= 0 or math.isinf(cfg.learning_rate):
+        raise ConfigError(f"learning_rate must be a finite number >= 0, got {cfg.learning_rate}")
+    check_output_dir(cfg.output_dir)
+    if not 0.0 <= cfg.failure_threshold <= 1.0:
+        raise ConfigError(f"failure_threshold must be a share between 0 and 1, got {cfg.failure_threshold}")
+    if cfg.failure_patience < 1:
+        raise ConfigError(f"failure_patience must be at least 1, got {cfg.failure_patience}")
     if cfg.max_turns is not None and cfg.max_turns < 1:
         raise ConfigError(f"max_turns must be at least 1, got {cfg.max_turns}")
 

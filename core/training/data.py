@@ -19,18 +19,31 @@ QUESTION_TEXT = ("question", "problem", "query", "instruction", "input")
 
 
 def check_columns(rows: list[dict[str, Any]], prompt_column: str | None = None, source: str = "dataset") -> bool:
-    """Fail early (one line) when the rows cannot make prompts. Returns False for env_config-only rows."""
+    """Fail early (one line naming the row) when any row cannot make a prompt — every row, before
+    the model loads, not the first only. Returns False for env_config-only datasets."""
     from ..data import row_messages
 
     if not rows:
         raise DatasetError(f"{source} has no rows")
     first = rows[0]
-    if prompt_column is None and "env_config" in first and not any(
-        c in first for c in ("messages", "prompt", "question", "problem", "query", "instruction", "input")
-    ):
-        return False
-    row_messages(first, prompt_column=prompt_column)
-    return True
+    if not isinstance(first, dict):
+        raise DatasetError(f"{source}: row 0 is a {type(first).__name__}, expected an object with columns")
+    env_only = prompt_column is None and "env_config" in first and not any(c in first for c in _PROMPT_COLUMNS)
+    for index, row in enumerate(rows):
+        if env_only:
+            if not isinstance(row, dict):
+                raise DatasetError(f"{source}: row {index} is a {type(row).__name__}, expected an object with columns")
+            if row.get("env_config") is None:
+                raise DatasetError(f"{source}: row {index} has no env_config (row 0 has one); every row needs it")
+            continue
+        try:
+            row_messages(row, prompt_column=prompt_column, index=index)
+        except DatasetError as exc:
+            raise DatasetError(f"{source}: {exc}") from None
+    return not env_only
+
+
+_PROMPT_COLUMNS = ("messages", "prompt", "question", "problem", "query", "instruction", "input")
 
 
 def make_prompt(row: dict[str, Any], tokenizer: Any, has_prompt: bool, prompt_column: str | None = None,
@@ -106,9 +119,15 @@ def as_rows(dataset: Any) -> list[dict[str, Any]]:
     """A list of dicts from a list, a ``datasets.Dataset`` or any iterable of mappings."""
     if dataset is None:
         return []
-    if isinstance(dataset, list):
-        return [dict(r) for r in dataset]
-    return [dict(r) for r in _iter(dataset)]
+    return [_row(i, r) for i, r in enumerate(dataset if isinstance(dataset, list) else _iter(dataset))]
+
+
+def _row(index: int, row: Any) -> dict[str, Any]:
+    from collections.abc import Mapping
+
+    if not isinstance(row, Mapping):
+        raise DatasetError(f"train_dataset row {index} is a {type(row).__name__}, expected an object with columns")
+    return dict(row)
 
 
 def _iter(ds: Iterable[Any]) -> Iterable[Any]:

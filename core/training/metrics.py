@@ -28,7 +28,10 @@ def _std(xs: Sequence[float]) -> float:
 
 def rollout_metrics(trajectories: Sequence[Any], columns: dict[str, list[float | None]], zero_std_frac: float) -> dict[str, float]:
     """Metrics of one generation batch."""
-    rewards = [t.reward if t.reward is not None else float("nan") for t in trajectories]
+    # failed trajectories (env down, timeout) have no meaningful reward: they are counted in
+    # failed_trajectories / failed_fraction, never averaged in as 0.0
+    ok = [i for i, t in enumerate(trajectories) if t.status != "failed"]
+    rewards = [trajectories[i].reward if trajectories[i].reward is not None else float("nan") for i in ok]
     lengths = [t.num_completion_tokens for t in trajectories]
     sampled = [sum(sum(turn.loss_mask) for turn in t.turns) for t in trajectories]
     out: dict[str, float] = {
@@ -39,13 +42,18 @@ def rollout_metrics(trajectories: Sequence[Any], columns: dict[str, list[float |
         "completion_length/max": float(max(lengths)) if lengths else 0.0,
         "completion_length/min": float(min(lengths)) if lengths else 0.0,
         "num_turns": _mean([t.num_turns for t in trajectories]) if trajectories else 0.0,
-        "failed_trajectories": float(sum(1 for t in trajectories if t.status == "failed")),
+        "failed_trajectories": float(len(trajectories) - len(ok)),
+        "failed_fraction": (len(trajectories) - len(ok)) / len(trajectories) if trajectories else 0.0,
         "truncated_trajectories": float(sum(1 for t in trajectories if t.status == "truncated")),
         "sampled_tokens": float(sum(sampled)),
     }
+    timeouts = [t.infos.get("tool_timeouts") for t in trajectories if t.infos.get("tool_timeouts") is not None]
+    if timeouts:  # tool calls stopped at their deadline (tool_scheduler)
+        out["tool_timeouts"] = float(sum(timeouts))
     for name, vals in columns.items():
-        out[f"rewards/{name}"] = _mean([v if v is not None else float("nan") for v in vals])
-    out.update(trl_rollout_metrics(trajectories, columns, zero_std_frac))
+        out[f"rewards/{name}"] = _mean([vals[i] if vals[i] is not None else float("nan") for i in ok])
+    # TRL's reward keys leave failed trajectories out as well
+    out.update(trl_rollout_metrics(trajectories, {name: [vals[i] for i in ok] for name, vals in columns.items()}, zero_std_frac))
     return out
 
 
@@ -95,25 +103,84 @@ class MetricAccumulator:
 
 
 def append_jsonl(output_dir: str, record: dict[str, Any]) -> None:
+    """Append one record as one whole line: a torn tail left by a crash is cut first, and the line
+    goes out in a single ``write`` on an ``O_APPEND`` descriptor, then is fsynced."""
     os.makedirs(output_dir, exist_ok=True)
     clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in record.items()}
-    with open(os.path.join(output_dir, METRICS_FILE), "a", encoding="utf-8") as f:
-        f.write(json.dumps(clean) + "\n")
+    path = os.path.join(output_dir, METRICS_FILE)
+    repair_jsonl(path)
+    data = (json.dumps(clean) + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        written = os.write(fd, data)
+        while written < len(data):  # a short write (disk full, signal): finish the line
+            written += os.write(fd, data[written:])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
-def read_jsonl(output_dir: str) -> list[dict[str, Any]]:
+def repair_jsonl(path: str) -> bool:
+    """Cut a torn last line (no newline at the end: the process died mid-append). Returns whether
+    anything was cut. Whole lines are never touched."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return False
+    if size == 0:
+        return False
+    with open(path, "rb+") as f:
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return False
+        # find the end of the last whole line
+        pos, chunk = size, 1 << 16
+        keep = 0
+        while pos > 0:
+            start = max(0, pos - chunk)
+            f.seek(start)
+            block = f.read(pos - start)
+            i = block.rfind(b"\n")
+            if i >= 0:
+                keep = start + i + 1
+                break
+            pos = start
+        f.truncate(keep)
+    return True
+
+
+def read_jsonl(output_dir: str, repair: bool = False) -> list[dict[str, Any]]:
+    """Every logged record. A torn last line (crash mid-append) is skipped — and cut from the file
+    when ``repair`` — and so is any line that is not a JSON object ."""
     path = os.path.join(output_dir, METRICS_FILE)
     if not os.path.exists(path):
         return []
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    if repair:
+        repair_jsonl(path)
+    out = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue  # a torn (or otherwise broken) line: the record is lost, the history is not
+            if isinstance(row, dict):
+                out.append(row)
+    return out
 
 
 def truncate_jsonl(output_dir: str, max_step: int) -> None:
-    """On resume, drop lines logged after the checkpoint's step (they will be logged again)."""
-    rows = [r for r in read_jsonl(output_dir) if int(r.get("step", 0)) <= max_step]
+    """On resume, drop lines logged after the checkpoint's step (they will be logged again) and a
+    torn tail. Rewritten through a temporary file, so a crash here cannot lose the history."""
+    rows = [r for r in read_jsonl(output_dir, repair=True) if int(r.get("step", 0) or 0) <= max_step]
     path = os.path.join(output_dir, METRICS_FILE)
     if os.path.exists(path):
-        with open(path, "w", encoding="utf-8") as f:
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
             for r in rows:
                 f.write(json.dumps(r) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)

@@ -14,7 +14,6 @@ from typing import Any, Callable, Mapping, Sequence
 
 from .policy import ActionParseError
 
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
 _INT = re.compile(r"(?<![\w.])[-+]?\d+(?!\w|\.\d)")  # "5." at a sentence end counts, "5.5" does not
 _FLOAT = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
@@ -23,8 +22,11 @@ ActionParser = Callable[[str], Any]
 
 def answer_text(text: str) -> str:
     """The part of a reply that holds the answer: the last ``<answer>`` block, else all of it."""
-    blocks = _ANSWER.findall(text)
-    return blocks[-1] if blocks else text
+    # a scan from the end, not a lazy findall (quadratic in the number of unclosed <answer> tags)
+    low = text.lower()
+    end = low.rfind("</answer>")
+    start = low.rfind("<answer>", 0, end) if end >= 0 else -1
+    return text[start + len("<answer>") : end] if start >= 0 else text
 
 
 def last_int(text: str) -> int | None:

@@ -9,8 +9,7 @@ import json
 import re
 from typing import Any
 
-_FENCE = re.compile(r"^\s*```[\w-]*\s*\n?(.*?)\n?\s*```\s*$", re.DOTALL)
-_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
+_LANG = re.compile(r"[\w-]*")
 
 #: observation fields not worth showing to the model
 HIDDEN_FIELDS = frozenset({"metadata", "done", "reward"})
@@ -18,18 +17,23 @@ HIDDEN_FIELDS = frozenset({"metadata", "done", "reward"})
 
 def strip_code_fences(text: str) -> str:
     """``\u0060\u0060\u0060json\\n{...}\\n\u0060\u0060\u0060`` → ``{...}``; other text unchanged (stripped)."""
-    m = _FENCE.match(text)
-    return (m.group(1) if m else text).strip()
+    # a scan, not a lazy regex: the regex was quadratic in a reply of spaces after a fence
+    s = text.strip()
+    if len(s) >= 6 and s.startswith("```") and s.endswith("```"):
+        inner = s[3:-3]
+        return inner[_LANG.match(inner).end() :].strip()  # type: ignore[union-attr]
+    return s
 
 
 def parse_action(text: str) -> dict[str, Any]:
     """The action a reply stands for: a JSON object (fences stripped, or the first ``{…}`` span in
     the text) is the action; anything else is ``{"message": text}`` for the server to judge."""
     body = strip_code_fences(text or "")
-    for candidate in (body, *(m.group(0) for m in [_OBJECT.search(body)] if m)):
+    start, end = body.find("{"), body.rfind("}")  # the outermost {…} span (a regex was quadratic on "{{{…")
+    for candidate in (body, *([body[start : end + 1]] if 0 <= start < end else [])):
         try:
             obj = json.loads(candidate)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: JSON nested thousands deep
             continue
         if isinstance(obj, dict):
             return obj

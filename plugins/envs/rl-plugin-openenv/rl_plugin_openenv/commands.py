@@ -23,7 +23,12 @@ def add_commands(cli: Any) -> None:
                   help="Sessions (one per trajectory) the server runs at once; more get CAPACITY_REACHED.")
     @click.option("--step-delay", type=float, default=0.0, show_default=True,
                   help="Seconds each step waits (simulates a slow environment).")
-    def serve_command(name: str, port: int, host: str, max_concurrent_envs: int, step_delay: float) -> None:
+    @click.option("--idle-timeout", type=float, default=600.0, show_default=True,
+                  help="End a session that sent nothing for this many seconds (0: never).")
+    @click.option("--ping-interval", type=float, default=20.0, show_default=True,
+                  help="WebSocket keep-alive ping period; a client silent to pings as long again is dropped (0: off).")
+    def serve_command(name: str, port: int, host: str, max_concurrent_envs: int, step_delay: float,
+                      idle_timeout: float, ping_interval: float) -> None:
         """Serve environment NAME (guess_number, guess_number_mcp) with OpenEnv's create_app + uvicorn."""
         from .games import GAMES
         from .server import serve
@@ -33,7 +38,8 @@ def add_commands(cli: Any) -> None:
                                      param_hint="NAME")
         click.echo(f"serving OpenEnv environment {name!r} on http://{host}:{port} "
                    f"(max {max_concurrent_envs} sessions; Ctrl-C stops)")
-        serve(name, host=host, port=port, max_concurrent_envs=max_concurrent_envs, step_delay=step_delay)
+        serve(name, host=host, port=port, max_concurrent_envs=max_concurrent_envs, step_delay=step_delay,
+              idle_timeout=idle_timeout or None, ping_interval=ping_interval or None, ping_timeout=ping_interval or None)
 
     @openenv_group.command(name="list")
     def list_command() -> None:

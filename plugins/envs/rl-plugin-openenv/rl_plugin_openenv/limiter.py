@@ -68,17 +68,44 @@ class SessionLimiter:
                 return
 
 
+#: Largest ``/capacity`` and ``/schema`` bodies read (bytes); a bigger one is a broken or hostile server.
+MAX_CAPACITY_BYTES = 64 * 1024
+MAX_SCHEMA_BYTES = 4 * 1024 * 1024
+
+
+class ResponseTooLarge(ValueError):
+    """A response body passed its size cap; it was not read further."""
+
+
+async def get_json_capped(client: Any, url: str, max_bytes: int) -> tuple[int, Any]:
+    """``GET url`` and parse its JSON body, reading at most ``max_bytes`` (streamed: a server that
+    sends gigabytes costs ``max_bytes`` of memory, not gigabytes). Returns (status, parsed body)."""
+    import json
+
+    async with client.stream("GET", url) as resp:
+        declared = resp.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > max_bytes:
+            raise ResponseTooLarge(f"{url} answered with {declared} bytes (limit {max_bytes})")
+        buf = bytearray()
+        async for chunk in resp.aiter_bytes():
+            buf += chunk
+            if len(buf) > max_bytes:
+                raise ResponseTooLarge(f"{url} answered with more than {max_bytes} bytes")
+        return resp.status_code, json.loads(bytes(buf)) if resp.status_code == 200 else None
+
+
 async def server_capacity(base_url: str, timeout: float = 3.0) -> int | None:
-    """The server's session limit from ``GET /capacity`` (this package's servers), or None if unknown."""
+    """The server's session limit from ``GET /capacity`` (this package's servers), or None if unknown
+    (also when the answer is over :data:`MAX_CAPACITY_BYTES`)."""
     import httpx
 
     url = http_url(base_url)
     try:
         # plain http needs no CA bundle (loading one blocks the event loop for ~0.1 s)
         async with httpx.AsyncClient(timeout=timeout, verify=url.startswith("https://")) as client:
-            resp = await client.get(url + "/capacity")
-        if resp.status_code == 200:
-            value: Any = resp.json().get("max_sessions")
+            status, body = await get_json_capped(client, url + "/capacity", MAX_CAPACITY_BYTES)
+        if status == 200:
+            value: Any = body.get("max_sessions")
             return int(value) if value else None
     except (httpx.HTTPError, ValueError, TypeError, AttributeError):
         return None

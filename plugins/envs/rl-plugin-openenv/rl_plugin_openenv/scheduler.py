@@ -43,8 +43,10 @@ class OpenEnvScheduler(EnvScheduler):
     ``reset_kwargs`` (dict), ``max_concurrent_envs`` (sessions per server; None = ask the server),
     ``call_timeout`` / ``connect_timeout`` (seconds per call / per connect), ``max_retries``
     (extra attempts to open a session), ``invalid_action`` ("observe" or "fail"),
-    ``stop_on_truncation`` (end the episode when a reply hits ``max_tokens``; default True), and the
-    :class:`~rlcore.rollout.EnvScheduler` ones (``max_turns``, ``env_timeout``).
+    ``stop_on_truncation`` (end the episode when a reply hits ``max_tokens``; default True),
+    ``allowed_env_urls`` (comma-separated servers a row's ``env_config.base_url`` may name besides
+    ``env_url``; any other fails that trajectory) or ``allow_any_env_url`` (trust every row's URL),
+    and the :class:`~rlcore.rollout.EnvScheduler` ones (``max_turns``, ``env_timeout``).
     """
 
     name = "openenv_scheduler"
@@ -63,6 +65,8 @@ class OpenEnvScheduler(EnvScheduler):
         invalid_action: str = "observe",
         env_timeout: float | None = 300.0,
         stop_on_truncation: bool = True,
+        allowed_env_urls: str | list[str] | None = None,
+        allow_any_env_url: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(sampler, max_concurrent_envs=max_concurrent_envs or 1024, env_timeout=env_timeout, **kwargs)
@@ -81,6 +85,11 @@ class OpenEnvScheduler(EnvScheduler):
             "connect_timeout": connect_timeout,
             "max_retries": max_retries,
         }
+        # a dataset row may point a trajectory at a server (env_config.base_url): only at one the run
+        # configured, unless told otherwise — a row must not make the trainer connect anywhere it likes
+        extra = allowed_env_urls.split(",") if isinstance(allowed_env_urls, str) else list(allowed_env_urls or [])
+        self.allowed_env_urls = {http_url(u.strip()) for u in [env_url or "", *extra] if u and u.strip()}
+        self.allow_any_env_url = bool(allow_any_env_url)
         self.stats = ClientStats()
         self._limiters: dict[str, SessionLimiter] = {}
         self._sizing: dict[str, asyncio.Future[SessionLimiter]] = {}
@@ -103,8 +112,19 @@ class OpenEnvScheduler(EnvScheduler):
         """This trajectory's config: the row's ``env_config`` over the scheduler defaults."""
         return merge_env_config(self.defaults, trajectory.data_dict.get("env_config"))
 
+    def check_env_url(self, base_url: str) -> None:
+        """Refuse a server URL the run did not configure (``env_url`` / ``allowed_env_urls``)."""
+        if self.allow_any_env_url or http_url(str(base_url)) in self.allowed_env_urls:
+            return
+        allowed = ", ".join(sorted(self.allowed_env_urls)) or "none"
+        raise ConfigError(
+            f"env_config.base_url {str(base_url)[:120]!r} is not an allowed OpenEnv server (allowed: {allowed}); "
+            "add it with --allowed-env-urls, or pass --allow-any-env-url to trust the dataset's URLs"
+        )
+
     async def make_env(self, trajectory: Trajectory) -> OpenEnvEnv:
         config = self.env_config(trajectory)
+        self.check_env_url(config["base_url"])
         return OpenEnvEnv(config, limiter=await self.limiter_for(config["base_url"]), stats=self.stats)
 
     async def limiter_for(self, base_url: str) -> SessionLimiter:

@@ -4,6 +4,10 @@ Binds 127.0.0.1 unless told otherwise: an environment server executes whatever a
 so exposing it beyond the machine must be a deliberate choice. ``GET /capacity`` is added next to
 OpenEnv's routes so clients can size their session pool to the server (``max_sessions``) and
 tests can see leaked sessions (``active_sessions``).
+
+Keep-alive: WebSocket pings every ``ping_interval`` seconds drop a client that vanished without
+closing, and :class:`~rl_plugin_openenv.keepalive.IdleReaper` ends a session that sent nothing for
+``idle_timeout`` seconds, so no client holds a session slot forever.
 """
 
 from __future__ import annotations
@@ -17,12 +21,15 @@ from typing import Any
 from rlcore.errors import ConfigError
 
 from .games import GAMES, game
+from .keepalive import IDLE_TIMEOUT, PING_INTERVAL, PING_TIMEOUT, IdleReaper
 
 DEFAULT_HOST = "127.0.0.1"
 
 
-def build_app(name: str, *, max_concurrent_envs: int = 64, step_delay: float = 0.0) -> Any:
-    """The FastAPI app serving environment ``name`` with at most ``max_concurrent_envs`` sessions."""
+def build_app(name: str, *, max_concurrent_envs: int = 64, step_delay: float = 0.0,
+              idle_timeout: float | None = IDLE_TIMEOUT) -> Any:
+    """The app serving environment ``name`` with at most ``max_concurrent_envs`` sessions, each
+    ended after ``idle_timeout`` seconds without a message (None: never)."""
     if name not in GAMES:
         raise ConfigError(f"unknown OpenEnv environment {name!r}; choose one of: {', '.join(sorted(GAMES))}")
     if max_concurrent_envs < 1:
@@ -33,22 +40,28 @@ def build_app(name: str, *, max_concurrent_envs: int = 64, step_delay: float = 0
     factory = functools.partial(env_cls, step_delay=step_delay)
     app = create_app(factory, action_cls, obs_cls, env_name=name, max_concurrent_envs=max_concurrent_envs)
 
+    if idle_timeout is not None and not idle_timeout > 0:
+        raise ConfigError(f"--idle-timeout must be a positive number of seconds, got {idle_timeout}")
+    reaper = IdleReaper(app, idle_timeout)
+
     @app.get("/capacity", tags=["Health"])
     async def capacity() -> dict[str, int]:
-        return {"max_sessions": max_concurrent_envs, "active_sessions": int(getattr(env_cls, "live", -1))}
+        return {"max_sessions": max_concurrent_envs, "active_sessions": int(getattr(env_cls, "live", -1)),
+                "reaped_sessions": reaper.reaped}
 
-    return app
+    return reaper
 
 
 def serve(
     name: str, *, host: str = DEFAULT_HOST, port: int = 8000, max_concurrent_envs: int = 64,
-    step_delay: float = 0.0, log_level: str = "warning",
+    step_delay: float = 0.0, log_level: str = "warning", idle_timeout: float | None = IDLE_TIMEOUT,
+    ping_interval: float | None = PING_INTERVAL, ping_timeout: float | None = PING_TIMEOUT,
 ) -> None:
     """Run the server in the foreground until interrupted."""
     import uvicorn
 
-    app = build_app(name, max_concurrent_envs=max_concurrent_envs, step_delay=step_delay)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, ws_ping_interval=None)
+    app = build_app(name, max_concurrent_envs=max_concurrent_envs, step_delay=step_delay, idle_timeout=idle_timeout)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, ws_ping_interval=ping_interval, ws_ping_timeout=ping_timeout)
 
 
 def free_port(host: str = DEFAULT_HOST) -> int:
@@ -80,13 +93,15 @@ class ServerThread:
     which is how a server going away looks to clients).
     """
 
-    def __init__(self, name: str = "guess_number", *, port: int | None = None, **app_options: Any) -> None:
+    def __init__(self, name: str = "guess_number", *, port: int | None = None, ping_interval: float | None = PING_INTERVAL,
+                 ping_timeout: float | None = PING_TIMEOUT, **app_options: Any) -> None:
         import uvicorn
 
         self.port = port or free_port()
         self.url = f"http://{DEFAULT_HOST}:{self.port}"
         app = build_app(name, **app_options)
-        config = uvicorn.Config(app, host=DEFAULT_HOST, port=self.port, log_level="error", ws_ping_interval=None)
+        config = uvicorn.Config(app, host=DEFAULT_HOST, port=self.port, log_level="error",
+                                ws_ping_interval=ping_interval, ws_ping_timeout=ping_timeout)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name=f"openenv-{name}-{self.port}", daemon=True)
 

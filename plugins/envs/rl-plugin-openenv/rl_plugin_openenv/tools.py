@@ -27,7 +27,7 @@ from rlcore.types import Completion, Trajectory
 
 from .client import ActionRejected, OpenEnvSession
 from .env import OpenEnvEnv
-from .limiter import http_url
+from .limiter import MAX_SCHEMA_BYTES, get_json_capped, http_url
 from .scheduler import OpenEnvScheduler, _reason
 
 MCP_ACTIONS = ("CallToolAction", "ListToolsAction")
@@ -59,10 +59,11 @@ async def discover_tools(base_url: str, *, tool_name: str | None = None, timeout
 
     try:
         async with httpx.AsyncClient(timeout=timeout) as client:
-            resp = await client.get(http_url(base_url) + "/schema")
-            resp.raise_for_status()
-            action = resp.json()["action"]
-    except (httpx.HTTPError, KeyError, ValueError) as exc:
+            status, body = await get_json_capped(client, http_url(base_url) + "/schema", MAX_SCHEMA_BYTES)
+        if status != 200:
+            raise ValueError(f"HTTP {status}")
+        action = body["action"]
+    except (httpx.HTTPError, KeyError, ValueError, TypeError) as exc:
         raise EnvError(f"cannot read the action schema of OpenEnv server {base_url} (GET /schema): {exc}") from None
     props = dict(action.get("properties") or {})
     if action.get("title") in MCP_ACTIONS or "tool_name" in props:
@@ -148,7 +149,7 @@ class OpenEnvToolScheduler(OpenEnvScheduler):
         specs = await self.ensure_tools(env.session.base_url)
         adapter = _SessionAsEnv(env, self)
         env_tool = EnvTool(adapter)
-        manager = ToolManager()
+        manager = ToolManager(timeout=None)  # env steps are bounded by env_timeout (_env_call) already
         for spec in specs:
             manager.register(_tool_fn(env_tool, spec), name=spec.name, schema=spec.schema)
         self._tools_by_traj[trajectory.uuid] = (env_tool, manager, adapter)

@@ -86,7 +86,8 @@ async def test_non_json_reply_is_sent_as_message(server, tokenizer):
 
 async def test_row_env_config_overrides_defaults_and_reset_kwargs(server, tokenizer):
     sampler = ScriptedSampler(['```json\n{"guess": 3}\n```'], tokenizer=tokenizer)
-    sched = make(sampler, tokenizer, env_url="http://127.0.0.1:9", reset_kwargs={"low": 1, "high": 5}, max_turns=1)
+    sched = make(sampler, tokenizer, env_url="http://127.0.0.1:9", reset_kwargs={"low": 1, "high": 5}, max_turns=1,
+                 allowed_env_urls=server)  # a row may name only a server the run allows
     prompts = [Prompt([], [], data={"env_config": {"base_url": server, "reset_kwargs": {"target": 3}, "max_attempts": 2}})]
     (t,) = (await run_rollouts(sched, prompts, sampling_params=SamplingParams(max_tokens=32), progress=False)).trajectories
     assert "between 1 and 5. You have 2 guesses" in t.messages[0]["content"]

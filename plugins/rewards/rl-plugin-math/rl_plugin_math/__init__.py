@@ -20,7 +20,7 @@ __all__ = ["is_correct", "register_rewards"]
 def register_rewards(register: Callable[..., None]) -> None:
     register("gsm8k_accuracy", "rl_plugin_math.gsm8k:gsm8k_accuracy")
     register("gsm8k_format", "rl_plugin_math.gsm8k:GSM8KFormat")
-    register("math_accuracy", "rl_plugin_math.mathverify:math_accuracy")
+    register("math_accuracy", "rl_plugin_math.mathverify:MathAccuracy")
     register("cosine", "rl_plugin_math.cosine:Cosine")
     register("repetition", "rl_plugin_math.repetition:Repetition")
     register("soft_overlong", "rl_plugin_math.overlong:SoftOverlong")

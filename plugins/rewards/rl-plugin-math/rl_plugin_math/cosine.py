@@ -13,7 +13,7 @@ from typing import Any, Callable
 from rlcore.errors import ConfigError
 from rlcore.rewards import Reward
 
-from .accuracy import is_correct, pick_reference
+from .accuracy import is_correct, pick_reference, timeouts
 
 AccuracyFn = Callable[[str, Any], "bool | None"]
 
@@ -34,13 +34,18 @@ class Cosine(Reward):
         wrong_short: float = -0.5,
         wrong_long: float = 0.0,
         accuracy: AccuracyFn | None = None,
+        timeout: float | None = None,
     ) -> None:
         if max_len <= 0:
             raise ConfigError(f"cosine: max_len must be a positive number of tokens, got {max_len}")
         self.max_len = max_len
         self.correct = (correct_short, correct_long)
         self.wrong = (wrong_short, wrong_long)
+        if timeout is not None and not timeout > 0:
+            raise ConfigError(f"cosine: timeout must be a positive number of seconds, got {timeout}")
         self.accuracy: AccuracyFn = accuracy or is_correct
+        self.timeout = timeout  # per math-verify check (the default accuracy); a timed-out sample is wrong
+        self.timeouts = 0
 
     def value(self, correct: bool, length: int) -> float:
         """The reward of one completion of ``length`` tokens."""
@@ -59,7 +64,12 @@ class Cosine(Reward):
         answers = answer if answer is not None else [None] * n
         solutions = solution if solution is not None else [None] * n
         out: list[float | None] = []
-        for text, ids, a, s in zip(completions, completion_ids, answers, solutions):
-            verdict = self.accuracy(text, pick_reference(a, s))
-            out.append(None if verdict is None else self.value(bool(verdict), len(ids)))
+        before = timeouts.count
+        try:
+            for text, ids, a, s in zip(completions, completion_ids, answers, solutions):
+                ref = pick_reference(a, s)
+                verdict = is_correct(text, ref, self.timeout) if self.accuracy is is_correct else self.accuracy(text, ref)
+                out.append(None if verdict is None else self.value(bool(verdict), len(ids)))
+        finally:
+            self.timeouts += timeouts.count - before
         return out

@@ -14,9 +14,8 @@ from fractions import Fraction
 # a number: optional sign, thousands groups or plain digits, optional decimals, optional "/denominator"
 _NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+(?:\.\d+)?)?|-?\.\d+")
 _HASH = re.compile(r"####")
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _FRAC = re.compile(r"\\[dt]?frac\s*\{\s*(-?[\d.,]+)\s*\}\s*\{\s*(-?[\d.,]+)\s*\}")
-_LATEX_NOISE = re.compile(r"\\[,;:! ]|\{,\}|\\\$|\\%|\\text\{[^}]*\}|\\mathrm\{[^}]*\}|\\left|\\right")
+_LATEX_NOISE = re.compile(r"\\[,;:! ]|\{,\}|\\\$|\\%|\\text\{[^{}]{0,200}\}|\\mathrm\{[^{}]{0,200}\}|\\left|\\right")
 
 
 def find_numbers(text: str) -> list[str]:
@@ -61,6 +60,18 @@ def last_boxed(text: str) -> str | None:
     return text[i : j - 1] if depth == 0 else text[i:]
 
 
+def last_answer_tag(text: str) -> str | None:
+    """Content of the last complete ``<answer>…</answer>``; None if there is none. A scan from the
+    end (not a lazy regex, which is quadratic in the number of unclosed ``<answer>`` tags)."""
+    end = text.rfind("</answer>")
+    if end < 0:
+        return None
+    start = text.rfind("<answer>", 0, end)
+    if start < 0:
+        return None
+    return text[start + len("<answer>") : end]
+
+
 def _clean_latex(s: str) -> str:
     s = _FRAC.sub(lambda m: f"{m.group(1)}/{m.group(2)}", s)
     return _LATEX_NOISE.sub("", s)
@@ -76,9 +87,9 @@ def final_answer_text(text: str) -> tuple[str, str] | None:
     boxed = last_boxed(text)
     if boxed is not None:
         return "boxed", _clean_latex(boxed)
-    tags = _ANSWER_TAG.findall(text)
-    if tags:
-        return "answer", _clean_latex(tags[-1])
+    tag = last_answer_tag(text)
+    if tag is not None:
+        return "answer", _clean_latex(tag)
     return "last", _clean_latex(text)
 
 
@@ -112,4 +123,5 @@ def same_number(a: Fraction | None, b: Fraction | None, rel_tol: float = 1e-6) -
         return False
     if a == b or (a.denominator == 1 and b.denominator == 1):
         return a == b
-    return abs(float(a) - float(b)) <= rel_tol * max(1.0, abs(float(b)))
+    # exact rational arithmetic: float() of a 400-digit answer would raise OverflowError
+    return abs(a - b) <= Fraction(rel_tol) * max(Fraction(1), abs(b))

@@ -11,7 +11,7 @@ from rlcore.rewards import Reward
 from .accuracy import gsm8k_correct, pick_reference
 
 _N = r"\$?\s*-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
-_HASH_FORMAT = re.compile(rf"(?s)\s*\S.*?\n\s*####\s*{_N}\s*\.?\s*")
+_HASH_TAIL = re.compile(rf"\s*{_N}\s*\.?\s*")
 _TAGS_FORMAT = re.compile(r"(?s)\s*<think>\s*\S.*?</think>\s*<answer>\s*\S.*?</answer>\s*")
 
 
@@ -42,13 +42,21 @@ class GSM8KFormat(Reward):
         if mode not in ("hash", "tags"):
             raise ConfigError(f"gsm8k_format: mode must be 'hash' or 'tags', got {mode!r}")
         self.mode = mode
-        self.pattern = _HASH_FORMAT if mode == "hash" else _TAGS_FORMAT
+
+    def matches(self, text: str) -> bool:
+        """Linear-time checks (a lazy regex over the whole text is quadratic on hostile output)."""
+        if self.mode == "tags":
+            # one of each tag first: then the pattern has a single alignment and matches in linear time
+            return all(text.count(tag) == 1 for tag in ("<think>", "</think>", "<answer>", "</answer>")) and \
+                _TAGS_FORMAT.fullmatch(text) is not None
+        # hash: some reasoning, a newline, then a last line "#### <number>" (only the last #### can
+        # be followed by nothing but a number)
+        idx = text.rfind("####")
+        if idx < 0 or _HASH_TAIL.fullmatch(text, idx + 4) is None:
+            return False
+        head = text[:idx]
+        body = head.rstrip()
+        return bool(body) and "\n" in head[len(body):]
 
     def score(self, completions: list[str]) -> list[float]:
-        out = []
-        for text in completions:
-            ok = self.pattern.fullmatch(text) is not None
-            if ok and self.mode == "tags":
-                ok = all(text.count(tag) == 1 for tag in ("<think>", "</think>", "<answer>", "</answer>"))
-            out.append(1.0 if ok else 0.0)
-        return out
+        return [1.0 if self.matches(text) else 0.0 for text in completions]

@@ -1,0 +1,64 @@
+"""Hostile completions: text a policy can write that has stalled or killed RL runs.
+
+Use it to check that a reward, tool or environment stays bounded on model output::
+
+    from rlcore.testing.fuzz import HOSTILE_COMPLETIONS
+    for name, text in HOSTILE_COMPLETIONS.items():
+        my_reward(completions=[text], answer=["5"])   # must return quickly, without a memory spike
+
+Every entry is built lazily-cheap (string multiplication) and is at most a few megabytes. The
+families: huge powers and exponent towers (arbitrary-precision arithmetic that never ends), deep
+brackets (recursive parsers), megabyte strings and tag floods (regexes that are quadratic in the
+number of unclosed tags), NUL bytes and invalid UTF-8 (decoders and C libraries), LaTeX bombs
+(sympy simplification, macro expansion), tool-call floods.
+"""
+
+from __future__ import annotations
+
+_MB = 1_000_000
+
+#: Lone surrogates: what ``bytes.decode("utf-8", "surrogateescape")`` makes of invalid UTF-8.
+INVALID_UTF8 = bytes(range(0x80, 0x100)).decode("utf-8", "surrogateescape")
+
+HOSTILE_COMPLETIONS: dict[str, str] = {
+    # huge powers and towers
+    "python_tower": "(((9**99)**99)**99)**99",
+    "right_assoc_tower": "9**9**9**9",
+    "latex_tower": "The answer is \\boxed{9^{9^{9^{9}}}}",
+    "latex_tower_10": "\\boxed{10^{10^{10^{10^{10}}}}}",
+    "factorial": "\\boxed{99999999!}",
+    "huge_exponent_hash": "#### 1" + "0" * 5000,
+    "huge_decimal": "#### " + "9" * 400 + "." + "9" * 400,
+    "sci_notation": "\\boxed{1e999999999}",
+    "power_tool_call": '<tool_call>{"name": "calculator", "arguments": {"expression": "(((9**99)**99)**99)**99"}}</tool_call>',
+    # deep brackets
+    "deep_parens": "(" * 100_000 + "1" + ")" * 100_000,
+    "deep_braces_boxed": "\\boxed{" + "{" * 50_000 + "1" + "}" * 50_000 + "}",
+    "unclosed_brackets": "[" * 200_000,
+    "unclosed_braces": "{" * 100_000,
+    "open_fence_spaces": "```json\n" + " " * 200_000 + "x",
+    "deep_json_tool_call": "<tool_call>" + "[" * 100_000 + "</tool_call>",
+    "deep_frac": "\\boxed{" + "\\frac{1}{" * 2_000 + "2" + "}" * 2_000 + "}",
+    # megabyte strings and tag floods
+    "megabyte_digits": "1" * _MB,
+    "megabyte_words": "word " * (_MB // 5),
+    "megabyte_newlines": "x" + "\n" * _MB + "#",
+    "answer_tag_flood": "<answer>" * (_MB // 8),
+    "think_close_flood": "<think>x" + "</think>" * (_MB // 8),
+    "tool_call_flood": "<tool_call>" * (_MB // 11),
+    "text_macro_flood": "\\text{" * (_MB // 6),
+    "many_tool_calls": '<tool_call>{"name": "calculator", "arguments": {"expression": "9**99"}}</tool_call>' * 2_000,
+    "hash_flood": "#### 1\n" * (_MB // 7),
+    # NUL bytes and invalid UTF-8
+    "nul_bytes": "\x00" * 10_000 + "#### 5" + "\x00" * 10_000,
+    "invalid_utf8": INVALID_UTF8 * 1_000 + "\\boxed{5}",
+    "lone_surrogate_tool_call": '<tool_call>{"name": "calculator", "arguments": {"expression": "1+\ud800"}}</tool_call>',
+    # LaTeX bombs
+    "sqrt_bomb": "\\boxed{" + "\\sqrt{" * 5_000 + "2" + "}" * 5_000 + "}",
+    "left_right_flood": "\\boxed{" + "\\left(" * 20_000 + "}",
+    "dollar_flood": "$" * _MB,
+    "macro_bomb": "\\def\\a{\\a\\a}\\a \\boxed{\\a}",
+    "integral": "\\boxed{\\int_0^{\\infty} e^{-x^{99999}} \\, dx}",
+    "huge_matrix": "\\boxed{\\begin{pmatrix}" + "1 & " * 20_000 + "1\\end{pmatrix}}",
+    "boxed_flood": "\\boxed{1}" * 100_000,
+}

@@ -6,13 +6,18 @@ A row becomes a conversation from its ``messages`` column (a list of role/conten
 ``solution``, ``env_config`` …) stays in ``Prompt.data`` so rewards and environments can read it.
 The prompt ids are the chat template rendered with the generation prompt, encoded once; the
 rollout engine never re-tokenises them.
+
+Rows can also come from a *dataset source* a plugin registers (``register_datasets``):
+``SOURCE:SPEC?key=value&…`` calls the source with ``SPEC`` and the options. The core knows
+nothing about what a source generates.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
+from urllib.parse import parse_qsl
 
 from .errors import DatasetError
 from .types import Prompt
@@ -28,10 +33,21 @@ def builtin_dataset() -> list[dict[str, Any]]:
     return _read_jsonl(BUILTIN_DATASET_PATH)
 
 
-def load_rows(source: str | Path | None = None, *, split: str = "train", limit: int | None = None) -> list[dict[str, Any]]:
+def load_rows(source: str | Path | None = None, *, split: str = "train", limit: int | None = None,
+              options: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """Rows from a local ``.jsonl``/``.json``/``.parquet`` file, the built-in set (``None`` or
-    ``"builtin"``), or a Hugging Face ``datasets`` name (``name`` or ``name:config``)."""
-    if source is None or str(source) in BUILTIN_NAMES:
+    ``"builtin"``), a registered dataset source (``source:spec?key=value``; ``options`` are merged
+    into the query's), or a Hugging Face ``datasets`` name (``name`` or ``name:config``)."""
+    parsed = None if source is None or isinstance(source, Path) else parse_dataset_source(str(source))
+    if options and parsed is None:
+        raise DatasetError(
+            f"dataset options ({', '.join(map(str, options))}) apply only to a registered dataset source "
+            f"(SOURCE:SPEC); {str(source or 'builtin')!r} is not one: drop the options or name a source"
+        )
+    if parsed is not None:
+        name, spec, query = parsed
+        rows = rows_from_source(name, spec, {**query, **dict(options or {})})
+    elif source is None or str(source) in BUILTIN_NAMES:
         rows = builtin_dataset()
     else:
         path = Path(str(source)).expanduser()
@@ -57,9 +73,10 @@ def load_prompts(
     system_prompt: str | None = None,
     limit: int | None = None,
     tools: list[dict[str, Any]] | None = None,
+    options: Mapping[str, Any] | None = None,
 ) -> list[Prompt]:
-    """Load a dataset (path, name, rows, or ``None`` for the built-in one) as encoded prompts."""
-    rows = list(source) if isinstance(source, (list, tuple)) else load_rows(source, split=split, limit=limit)
+    """Load a dataset (path, name, source, rows, or ``None`` for the built-in one) as encoded prompts."""
+    rows = list(source) if isinstance(source, (list, tuple)) else load_rows(source, split=split, limit=limit, options=options)
     if isinstance(source, (list, tuple)) and limit is not None:
         rows = rows[:limit]
     return [row_to_prompt(r, tokenizer, prompt_column=prompt_column, system_prompt=system_prompt, tools=tools, index=i)
@@ -104,6 +121,82 @@ def row_to_prompt(row: dict[str, Any], tokenizer: Any, *, prompt_column: str | N
     messages, used = row_messages(row, prompt_column=prompt_column, system_prompt=system_prompt, index=index)
     data = {k: v for k, v in row.items() if k not in used}
     return Prompt(messages=messages, prompt_ids=encode_prompt(tokenizer, messages, tools=tools), data=data)
+
+
+# --- dataset sources (register_datasets) ------------------------------------------------------------
+def parse_dataset_source(text: str, registry: Any = None) -> tuple[str, str, dict[str, Any]] | None:
+    """``"src:spec?a=1&b=x"`` -> ``("src", "spec", {"a": 1, "b": "x"})`` when ``src`` is a registered
+    dataset source (or one rlcore knows a plugin provides, so a missing install is named); else None.
+
+    Query values are parsed as JSON where they parse (``3`` -> 3, ``true`` -> True, ``[1,2]`` -> a
+    list) and kept as text otherwise. Local paths never count as sources.
+    """
+    from .plugins import KNOWN_PROVIDERS, plugins
+
+    name, colon, rest = text.partition(":")
+    if not colon or not name or "/" in name or "\\" in name or Path(text).expanduser().exists():
+        return None
+    registry = registry or plugins()
+    if name not in registry.available("dataset"):
+        if KNOWN_PROVIDERS.get(name):
+            registry.component("dataset", name)  # raises the one-line "pip install …" error
+        return None
+    spec, _, query = rest.partition("?")
+    options: dict[str, Any] = {}
+    for key, value in parse_qsl(query, keep_blank_values=True, strict_parsing=False):
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
+    return name, spec, options
+
+
+def rows_from_source(name: str, spec: str, options: Mapping[str, Any], registry: Any = None) -> Sequence[dict[str, Any]]:
+    """Call the dataset source ``name`` and check it returned row dicts: a list, or a sequence
+    that generates rows when read (kept lazy: ``len`` and indexing only)."""
+    from .errors import RlcoreError
+    from .plugins import plugins
+
+    component = (registry or plugins()).component("dataset", name)
+    try:
+        rows = component.resolve()(spec, **dict(options))
+    except RlcoreError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a source's failure is reported as one line naming it
+        detail = str(exc).splitlines()[0] if str(exc) else ""
+        raise DatasetError(f"dataset source {name!r} ({component.dist}) failed on {spec!r}: {type(exc).__name__}: {detail}") from exc
+    # a list is checked row by row; a lazy sequence (rows generated when read) by its first row only
+    lazy = isinstance(rows, Sequence) and not isinstance(rows, (list, tuple, str, bytes))
+    if not (isinstance(rows, list) or lazy) or not all(isinstance(r, dict) for r in (rows[:1] if lazy else rows)):
+        raise DatasetError(f"dataset source {name!r} ({component.dist}) must return a list (or sequence) of row dicts, got {type(rows).__name__}")
+    return rows
+
+
+def parse_dataset_options(value: Any) -> dict[str, Any]:
+    """``--dataset-options``: a mapping (config files), JSON text, or ``key=value,key=value``."""
+    if value is None or value == "":
+        return {}
+    if isinstance(value, Mapping):
+        return dict(value)
+    text = str(value).strip()
+    if text.startswith("{"):
+        try:
+            obj = json.loads(text)
+        except ValueError as exc:
+            raise DatasetError(f"--dataset-options is not valid JSON: {exc}") from None
+        if not isinstance(obj, dict):
+            raise DatasetError("--dataset-options must be a JSON object")
+        return obj
+    out: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, eq, raw = part.partition("=")
+        if not eq or not key.strip():
+            raise DatasetError(f"--dataset-options: {part!r} is not key=value (use key=value,key=value or a JSON object)")
+        try:
+            out[key.strip()] = json.loads(raw)
+        except ValueError:
+            out[key.strip()] = raw
+    return out
 
 
 # --- readers ---------------------------------------------------------------------------------------

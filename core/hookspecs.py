@@ -73,6 +73,20 @@ def register_samplers(register: Register) -> None:
 
 
 @hookspec
+def register_datasets(register: Register) -> None:
+    """Register dataset sources: ``register("my_source", load_rows)``.
+
+    A source is used wherever a dataset path is: ``--dataset my_source:SPEC?key=value&…``.
+    The factory is called as ``load_rows(spec, **options)`` with the text after ``my_source:`` and
+    the options (the query string's values parsed as JSON where they parse, merged with the run's
+    ``dataset_options``) and returns a list of row dicts (``question``/``prompt``/``messages`` plus
+    any columns rewards read), or a sequence that generates them when read, which stays lazy
+    through training (a step reads only the rows it draws). It should raise :class:`rlcore.DatasetError` with one line for bad
+    input; anything else it raises is reported as the source's failure.
+    """
+
+
+@hookspec
 def register_commands(cli: Any) -> None:
     """Add subcommands to the ``rlcore`` command line. ``cli`` is the root :mod:`click` group:
 
@@ -152,6 +166,7 @@ REGISTRATION_HOOKS = (
     "register_losses",
     "register_advantages",
     "register_samplers",
+    "register_datasets",
     "register_commands",
 )
 #: registration hook -> component kind
@@ -162,5 +177,6 @@ KIND_OF_HOOK = {
     "register_losses": "loss",
     "register_advantages": "advantage",
     "register_samplers": "sampler",
+    "register_datasets": "dataset",
 }
 KINDS = tuple(KIND_OF_HOOK.values())

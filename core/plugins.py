@@ -47,6 +47,8 @@ KNOWN_PROVIDERS: dict[str, str] = {
     "cosine": "rl-plugin-math",
     "repetition": "rl-plugin-math",
     "soft_overlong": "rl-plugin-math",
+    "reasoning_gym": "rl-plugin-reasoning-gym",
+    "reasoning_gym_format": "rl-plugin-reasoning-gym",
 }
 
 

@@ -48,6 +48,8 @@ class RewardContext:
     trainer_state: Any = None
     log_metric: Callable[[str, float], None] | None = None
     log_extra: Callable[[str, list[Any]], None] | None = None
+    #: TRL's ``environments`` (environment_factory runs): trajectory -> its environment instance
+    environment_of: Callable[[Trajectory], Any] | None = None
 
 
 def _no_log(*_: Any, **__: Any) -> None:
@@ -101,6 +103,8 @@ def reward_inputs(trajectories: Sequence[Trajectory], trainer_state: Any = None,
         log_metric=context.log_metric or _no_log,
         log_extra=context.log_extra or _no_log,
     )
+    if context.environment_of is not None:
+        inputs["environments"] = [context.environment_of(t) for t in trajectories]
     return inputs
 
 
@@ -125,6 +129,8 @@ def trl_reward_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
         prompts=prompts, completions=completions, completion_ids=inputs["completion_ids"],
         trainer_state=inputs["trainer_state"], log_extra=inputs["log_extra"], log_metric=inputs["log_metric"],
     )
+    if "environments" in inputs:
+        out["environments"] = inputs["environments"]
     return out
 
 

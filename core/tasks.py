@@ -8,7 +8,13 @@ from the number-heavy corpus); GRPO quickly learns to answer in digits only, whi
 doubles the reward within a few dozen steps on a laptop CPU. Getting sums right is beyond a
 model this small in minutes — the point is to watch the whole loop work.
 
-This module is registered as a built-in plugin (the ``digits`` reward), so it stays free of torch
+Environment schedulers bring their own embedded default the same way: a scheduler class may
+define ``default_task()`` returning a :class:`DefaultTask` (prompts for its environment, the reward,
+a per-turn token cap and stop strings, and the recipe that makes the tiny model learn in minutes).
+``rlcore train`` / ``rlcore rollout`` use it when no dataset is given (:func:`default_task_for`).
+
+This module is registered as a built-in plugin (the ``digits`` reward and the ``rlcore`` dataset
+source: ``--dataset rlcore:digits?n=2000&seed=3``, ``rlcore:arithmetic``), so it stays free of torch
 imports.
 """
 
@@ -18,6 +24,9 @@ import random
 import re
 from typing import Any, Callable
 
+import attrs
+
+from .errors import DatasetError
 from .hookspecs import hookimpl
 
 TASK_NAME = "digits"
@@ -68,6 +77,78 @@ DEFAULT_TRAIN_CONFIG: dict[str, Any] = {
 }
 
 
+@attrs.define
+class DefaultTask:
+    """What a run does when the user gives no dataset: the embedded default of a scheduler.
+
+    ``task_config`` (GRPOConfig values) belongs to the task and applies whenever no dataset is
+    given: rewards, the per-turn token cap, ``max_turns``. ``recipe`` holds the hyper-parameters
+    tuned for the built-in tiny model (learning rate, batch, steps) and applies only when no model
+    is given either, so ``--model Qwen/…`` with the default prompts keeps GRPOConfig's defaults for
+    real models. ``scheduler_options`` (stop strings, environment options) are task-level too.
+    Flags and config files override all of them.
+    """
+
+    name: str
+    rows: list[dict[str, Any]]
+    description: str = ""
+    task_config: dict[str, Any] = attrs.field(factory=dict)
+    recipe: dict[str, Any] = attrs.field(factory=dict)
+    scheduler_options: dict[str, Any] = attrs.field(factory=dict)
+
+    def config(self, tiny_model: bool) -> dict[str, Any]:
+        """GRPOConfig defaults of the run: the task's, plus the tiny-model recipe when it applies."""
+        return {**self.task_config, **(self.recipe if tiny_model else {})}
+
+
+def digits_task() -> DefaultTask:
+    """The default of single-turn schedulers (kept as it always was: its whole config applies)."""
+    return DefaultTask(TASK_NAME, digits_dataset(), "made-up sums, rewarded for answering in digits",
+                       task_config=dict(DEFAULT_TRAIN_CONFIG))
+
+
+def default_task_for(scheduler_factory: Any) -> DefaultTask:
+    """The embedded default of a scheduler: its ``default_task()`` when it defines one, else digits."""
+    make = getattr(scheduler_factory, "default_task", None)
+    task = make() if callable(make) else None
+    if task is None:
+        return digits_task()
+    if not isinstance(task, DefaultTask):
+        from .errors import PluginError
+
+        raise PluginError(f"{getattr(scheduler_factory, '__name__', scheduler_factory)}.default_task() returned "
+                          f"{type(task).__name__}; return an rlcore.tasks.DefaultTask")
+    return task
+
+
 @hookimpl
 def register_rewards(register: Callable[..., None]) -> None:
     register(TASK_NAME, "rlcore.tasks:digits_reward", description="default task: answer sums with digits")
+
+
+_SOURCE_OPTIONS = {"digits": ("n", "seed", "max_operand"), "arithmetic": ()}
+
+
+def rlcore_source(spec: str, **options: Any) -> list[dict[str, Any]]:
+    """The built-in dataset source ``rlcore:``: ``digits`` (options ``n``, ``seed``, ``max_operand``)
+    and ``arithmetic`` (the 48-row set ``rlcore rollout`` uses by default)."""
+    if spec not in _SOURCE_OPTIONS:
+        raise DatasetError(f"rlcore:{spec} is not a built-in dataset; built-in ones are: {', '.join('rlcore:' + k for k in _SOURCE_OPTIONS)}")
+    unknown = sorted(set(options) - set(_SOURCE_OPTIONS[spec]))
+    if unknown:
+        allowed = ", ".join(_SOURCE_OPTIONS[spec]) or "none"
+        raise DatasetError(f"rlcore:{spec} has no option {', '.join(unknown)}; its options: {allowed}")
+    if spec == "arithmetic":
+        from .data import builtin_dataset
+
+        return builtin_dataset()
+    try:
+        values = {k: int(v) for k, v in options.items()}
+    except (TypeError, ValueError):
+        raise DatasetError(f"rlcore:digits options must be integers, got {options}") from None
+    return digits_dataset(**values)
+
+
+@hookimpl
+def register_datasets(register: Callable[..., None]) -> None:
+    register("rlcore", rlcore_source, description="built-in tasks: rlcore:digits, rlcore:arithmetic")

@@ -24,8 +24,9 @@ from .errors import ConfigError
 SCRIPT_FLAGS = {
     "config": "YAML/TOML file of GRPOConfig values (flags override it)",
     "model": "HF model id or local path [default: the built-in tiny model]",
-    "dataset": ".jsonl/.json/.parquet file or datasets name [default: the built-in digits task]",
+    "dataset": ".jsonl/.json/.parquet file, datasets name, or SOURCE:SPEC?key=value of a dataset source [default: the built-in digits task]",
     "dataset_split": "split of a datasets name [default: train]",
+    "dataset_options": "options for a dataset source (SOURCE:SPEC), key=value,key=value or JSON, e.g. size=2000,seed=3",
     "prompt_column": "column holding the prompt when it is not prompt/messages/question",
     "system_prompt": "system message prepended to every prompt",
     "reward": "reward name (repeatable): `rlcore components reward`",
@@ -148,11 +149,12 @@ class TrainPlan:
     prompt_column: str | None
     system_prompt: str | None
     component_options: dict[str, dict[str, Any]]
+    task_description: str = ""
 
 
 def build_plan(argv: Sequence[str]) -> TrainPlan:
     """Parse and validate everything (no model load). Raises ConfigError/DatasetError/UnknownComponentError."""
-    from .tasks import DEFAULT_TRAIN_CONFIG, TASK_NAME, digits_dataset
+    from .tasks import default_task_for
     from .training.config import GRPOConfig, validate_components
 
     script, rest = _split_script_args(argv)
@@ -167,9 +169,9 @@ def build_plan(argv: Sequence[str]) -> TrainPlan:
                 else:
                     script.setdefault(key, v)
     default_task = not script.get("dataset")
-    defaults: dict[str, Any] = dict(DEFAULT_TRAIN_CONFIG) if default_task else {}
-    if not default_task:
-        defaults.pop("reward_funcs", None)
+    # no dataset: the chosen scheduler's embedded default (digits for single-turn schedulers)
+    embedded = default_task_for(_scheduler_factory(rest, file_values)) if default_task else None
+    defaults: dict[str, Any] = embedded.config(tiny_model=script.get("model") is None) if embedded else {}
     field_names = {f.name for f in dataclasses.fields(GRPOConfig)}
     plugin_from_file = {k: v for k, v in file_values.items() if k not in field_names}
     defaults.update({k: v for k, v in file_values.items() if k in field_names})
@@ -199,6 +201,12 @@ def build_plan(argv: Sequence[str]) -> TrainPlan:
             args.output_dir = next_free_dir(args.output_dir)  # the default dir is taken: rlcore-output/digits-2 …
         check_fresh_output_dir(args.output_dir, args.overwrite_output_dir)
     component_options = _plugin_options(args, leftover, plugin_from_file)
+    if embedded is not None and embedded.scheduler_options:
+        # the task's scheduler options sit under everything the user said (flags, file, env_options)
+        user = {**(args.env_options or {}), **(args.scheduler_options or {}), **component_options["scheduler"]}
+        component_options["scheduler"] = {
+            **{k: v for k, v in embedded.scheduler_options.items() if k not in user}, **component_options["scheduler"]
+        }
 
     model = script.get("model")
     if model is None:
@@ -207,17 +215,34 @@ def build_plan(argv: Sequence[str]) -> TrainPlan:
         model = tiny_model_path()
     elif model.startswith((".", "/", "~")) and not os.path.exists(os.path.expanduser(model)):
         raise ConfigError(f"model path {model} does not exist; pass an existing directory or a Hugging Face id")
-    if default_task:
-        rows, task = digits_dataset(), TASK_NAME
+    if embedded is not None:
+        if script.get("dataset_options"):
+            raise ConfigError("--dataset-options needs --dataset SOURCE:SPEC (a registered dataset source)")
+        rows, task = list(embedded.rows), embedded.name
     else:
-        from .data import load_rows
+        from .data import load_rows, parse_dataset_options
 
-        rows, task = load_rows(script["dataset"], split=script.get("dataset_split") or "train"), str(script["dataset"])
+        rows = load_rows(script["dataset"], split=script.get("dataset_split") or "train",
+                         options=parse_dataset_options(script.get("dataset_options")))
+        task = str(script["dataset"])
     from .training.data import check_columns
 
     check_columns(rows, script.get("prompt_column"), f"dataset {task}")
     return TrainPlan(args, os.path.expanduser(model), rows, task, script.get("prompt_column"),
-                     script.get("system_prompt"), component_options)
+                     script.get("system_prompt"), component_options, embedded.description if embedded else "")
+
+
+def _scheduler_factory(rest: Sequence[str], file_values: dict[str, Any]) -> Any:
+    """The scheduler the run names (flag over config file over GRPOConfig's default), before parsing."""
+    from .plugins import get
+
+    name: Any = file_values.get("scheduler")
+    for i, arg in enumerate(rest):
+        if arg == "--scheduler" and i + 1 < len(rest):
+            name = rest[i + 1]
+        elif arg.startswith("--scheduler="):
+            name = arg.partition("=")[2]
+    return get("scheduler", str(name or "default"))
 
 
 def _plugin_options(args: Any, leftover: list[str], from_file: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -280,12 +305,41 @@ def _header(console: Any, plan: TrainPlan) -> None:
     lines = [
         f"[bold]model[/]     {plan.model}",
         f"[bold]task[/]      {plan.task} ({len(plan.rows)} prompts) · rewards: {', '.join(a.reward_funcs or [])}",
+        *([f"[bold]about[/]     {plan.task_description}"] if plan.task_description else []),
         f"[bold]algorithm[/] loss {a.effective_loss_type} · advantage {a.advantage} · scheduler {a.scheduler} · sampler {a.sampler}",
         f"[bold]batch[/]     {a.prompts_per_generation} prompts × {a.num_generations} generations · "
-        f"{a.max_completion_length} tokens max · {a.max_steps if a.max_steps > 0 else 'epochs: ' + str(a.num_train_epochs)} steps",
+        f"{a.max_completion_length} tokens max{' per turn' if a.max_turns and a.max_turns > 1 else ''} · "
+        f"{'up to ' + str(a.max_turns) + ' turns · ' if a.max_turns and a.max_turns > 1 else ''}{a.max_steps if a.max_steps > 0 else 'epochs: ' + str(a.num_train_epochs)} steps",
         f"[bold]output[/]    {a.output_dir}",
     ]
     console.print(Panel("\n".join(lines), title="rlcore train", expand=False))
+
+
+def _first_last(values: list[float]) -> tuple[float, float]:
+    k = max(1, len(values) // 10)
+    return sum(values[:k]) / k, sum(values[-k:]) / k
+
+
+def episode_rows(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """Summary lines about episodes, for runs whose scheduler steps environments (``env_steps``)."""
+    env = [r for r in rows if r.get("env_steps") is not None]
+    if not env:
+        return []
+    turns = [float(r["num_turns"]) for r in env if r.get("num_turns") is not None]
+    out = []
+    if turns:
+        first, last = _first_last(turns)
+        out.append(("turns per episode (first 10% → last 10%)", f"{first:.2f} → {last:.2f}"))
+    out.append(("env steps", f"{int(sum(r['env_steps'] for r in env))} in {len(env)} steps"))
+    ended = {k.split("/", 1)[1]: sum(r.get(k) or 0.0 for r in env) / len(env)
+             for k in env[-1] if k.startswith("episodes_ended/")}
+    if ended:
+        names = {"env_done": "env done", "max_turns": "max_turns", "length": "length", "failed": "failed"}
+        out.append(("episodes ended by", " · ".join(f"{names.get(k, k)} {v:.0%}" for k, v in ended.items())))
+    stops = [r["turns_ended_by_stop"] for r in env if r.get("turns_ended_by_stop") is not None]
+    if stops:
+        out.append(("turns ended by stop", f"{sum(stops) / len(stops):.0%}"))
+    return out
 
 
 def _summary(console: Any, trainer: Any, wall: float, interrupted: bool) -> None:
@@ -300,9 +354,10 @@ def _summary(console: Any, trainer: Any, wall: float, interrupted: bool) -> None
     table.add_column("value", overflow="fold")
     table.add_row("steps", str(trainer.state.global_step))
     if rewards:
-        k = max(1, len(rewards) // 10)
-        first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
+        first, last = _first_last(rewards)
         table.add_row("reward (first 10% → last 10%)", f"{first:.3f} → {last:.3f}" + (f"  ({last / first:.1f}×)" if first > 0 else ""))
+    for label, value in episode_rows(rows):
+        table.add_row(label, value)
     table.add_row("time", f"{wall:.0f}s")
     table.add_row("metrics", os.path.join(trainer.args.output_dir, "metrics.jsonl"))
     if trainer.plot_paths:

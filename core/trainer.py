@@ -17,15 +17,17 @@ the buffer is empty one *generation step* refills it:
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
 import time
 import traceback
+import warnings
 from typing import Any, Sequence
 
 import torch
-from transformers import Trainer
+from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_utils import get_last_checkpoint
 
@@ -36,7 +38,7 @@ from .algorithms.losses import LossConfig
 from .asyncutil import run_sync
 from .errors import ConfigError, RewardFunctionError
 from .plugins import RunHooks
-from .rewards import RewardContext, compute_rewards
+from .rewards import RewardContext, as_reward, compute_rewards
 from .training import checkpoint as ckpt
 from .training.components import (
     apply_peft,
@@ -51,6 +53,7 @@ from .training.components import (
     sampling_params,
     shares_module,
 )
+from .training.agents import trl_agent_options
 from .training.config import GRPOConfig, check_values, validate_components
 from .training.data import PromptCursor, as_rows, check_columns, make_prompt
 from .training.health import RunHealth
@@ -62,6 +65,45 @@ from .types import Batch, Trajectory
 __all__ = ["GRPOConfig", "GRPOTrainer"]
 
 logger = logging.getLogger(__name__)
+
+
+def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
+    """1 where a token's entropy is at least the ``quantile`` of the active tokens' entropies
+    (TRL 1.16 ``get_high_entropy_mask``, per process)."""
+    active = entropy[mask.bool()].float()
+    if active.numel() == 0:
+        return torch.zeros_like(mask)
+    threshold = torch.quantile(active, quantile)
+    return ((entropy >= threshold) & mask.bool()).to(mask.dtype)
+
+
+def _is_tokenizer(obj: Any) -> bool:
+    return hasattr(obj, "apply_chat_template") and hasattr(obj, "decode")
+
+
+def _eval_rows(eval_dataset: Any) -> dict[str, list[dict[str, Any]]]:
+    """TRL's eval_dataset: one dataset ("" names it) or a dict name -> dataset (metrics get the name)."""
+    if eval_dataset is None:
+        return {}
+    if isinstance(eval_dataset, dict):
+        return {str(k): as_rows(v) for k, v in eval_dataset.items()}
+    return {"": as_rows(eval_dataset)}
+
+
+class RefModelSyncCallback(TrainerCallback):
+    """TRL's ``sync_ref_model`` (TR-DPO): every ``ref_model_sync_steps`` optimizer steps,
+    ref ← α·policy + (1−α)·ref."""
+
+    def __init__(self, trainer: "GRPOTrainer") -> None:
+        self.trainer = trainer
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step % int(args.ref_model_sync_steps) == 0:
+            alpha = float(args.ref_model_mixup_alpha)
+            policy = self.trainer.accelerator.unwrap_model(self.trainer.model)
+            with torch.no_grad():
+                for ref_p, p in zip(self.trainer.ref_model.parameters(), policy.parameters()):
+                    ref_p.mul_(1.0 - alpha).add_(p.detach().to(ref_p.dtype), alpha=alpha)
 
 
 class _StepCounter(torch.utils.data.Dataset):
@@ -100,21 +142,32 @@ class GRPOTrainer(Trainer):
         reward_funcs: Any = None,
         args: GRPOConfig | None = None,
         train_dataset: Any = None,
+        eval_dataset: Any = None,
         processing_class: Any = None,
+        reward_processing_classes: Any = None,
+        callbacks: list[Any] | None = None,
+        optimizers: tuple[Any, Any] = (None, None),
+        quantization_config: Any = None,
+        peft_config: Any = None,
+        tools: list[Any] | None = None,
+        rollout_func: Any = None,
+        environment_factory: Any = None,
         *,
         sampler: Any = None,
         scheduler: Any = None,
-        peft_config: Any = None,
         prompt_column: str | None = None,
         system_prompt: str | None = None,
-        callbacks: list[Any] | None = None,
-        optimizers: tuple[Any, Any] = (None, None),
         **kwargs: Any,
     ) -> None:
+        if eval_dataset is not None and _is_tokenizer(eval_dataset) and processing_class is None:
+            warnings.warn("the 5th positional argument of GRPOTrainer is eval_dataset, as in TRL; pass the tokenizer "
+                          "as processing_class=", FutureWarning, stacklevel=2)
+            eval_dataset, processing_class = None, eval_dataset
         args = args or GRPOConfig()
         if not isinstance(args, GRPOConfig):
             raise ConfigError(f"args must be a GRPOConfig, got {type(args).__name__}")
         check_values(args)
+        sampling_params(args)  # generation_kwargs are checked before the model loads
         if reward_funcs is not None and not isinstance(reward_funcs, (list, tuple)):
             reward_funcs = [reward_funcs]
         extra = [r for r in (reward_funcs or [])]
@@ -123,26 +176,49 @@ class GRPOTrainer(Trainer):
         self.prompt_column = prompt_column
         self.has_prompt = check_columns(self.rows, prompt_column, "train_dataset")
         self.system_prompt = system_prompt
+        self.eval_rows = _eval_rows(eval_dataset)
+        for name, rows in self.eval_rows.items():
+            check_columns(rows, prompt_column, f"eval_dataset[{name!r}]" if name else "eval_dataset")
+        self.agent = trl_agent_options(args, tools, environment_factory, rollout_func, scheduler)
 
         # --- model, tokenizer, components (after every cheap check) ----------------------------
         tokenizer = load_tokenizer(model, processing_class)
-        model = apply_peft(load_model(model, args), args, peft_config)
+        model = apply_peft(load_model(model, args, quantization_config), args, peft_config)
         self.ref_model = reference_model(model, args)
-        self.reward_objects, self.reward_weights = make_rewards(args, extra)
+        self.reward_objects, self.reward_weights = make_rewards(args, extra, reward_processing_classes)
         self.advantage = make_advantage(args)
         self.loss_fn = get_component("loss", args.effective_loss_type)
         super().__init__(
-            model=model, args=args, train_dataset=None, processing_class=tokenizer,
+            model=model, args=args, train_dataset=None, eval_dataset=eval_dataset, processing_class=tokenizer,
             callbacks=callbacks, optimizers=optimizers, **kwargs,
         )
+        for r in self.reward_objects:  # reward models score on the trainer's device
+            if hasattr(r, "model") and isinstance(r.model, torch.nn.Module) and r.model is not self.model:
+                r.model.to(self.args.device)
         self.sampler = make_sampler(args, self.model, tokenizer, sampler)
-        self.scheduler_obj = make_scheduler(args, self.sampler, tokenizer, scheduler)
+        self.scheduler_obj = self.agent.scheduler(args, self.sampler, tokenizer) if self.agent.active else \
+            make_scheduler(args, self.sampler, tokenizer, scheduler)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+        env_type = getattr(self.scheduler_obj, "environment_type", None)
+        if env_type is not None and callable(getattr(env_type, "get_reward", None)):
+            # TRL: an environment's get_reward() is one more reward, named after its class, weight 1
+            get_reward = env_type.get_reward
+
+            def env_reward(environments: list[Any], **_: Any) -> list[Any]:
+                return [get_reward(e) if type(e) is env_type else None for e in environments]
+
+            reward = as_reward(env_type.__name__, env_reward)
+            self.reward_objects.append(reward)
+            self.reward_weights[reward.name] = 1.0
         if self.ref_model is not None:
             self.ref_model.to(self.args.device)
+        if args.sync_ref_model:
+            if self.ref_model is None:
+                raise ConfigError("sync_ref_model needs a separate reference model: set beta > 0 and train without LoRA")
+            self.add_callback(RefModelSyncCallback(self))
 
         # --- run state -------------------------------------------------------------------------
-        self.cursor = PromptCursor(len(self.rows), seed=args.seed)
+        self.cursor = PromptCursor(len(self.rows), seed=args.seed, shuffle=args.shuffle_dataset)
         self._buffer: list[dict[str, Any]] = []
         self._train_metrics = MetricAccumulator()
         self._gen_metrics: dict[str, float] = {}
@@ -168,7 +244,8 @@ class GRPOTrainer(Trainer):
     # --- the Trainer's data: micro-step counters -----------------------------------------------------
     @property
     def micro_steps_per_generation(self) -> int:
-        return int(self.args.steps_per_generation) * self.args.gradient_accumulation_steps * self.args.num_iterations
+        """As in TRL: one generation batch feeds ``steps_per_generation`` micro-steps, ``num_iterations`` times."""
+        return int(self.args.steps_per_generation) * self.args.num_iterations
 
     def get_train_dataloader(self) -> torch.utils.data.DataLoader:
         gens_per_epoch = max(1, math.ceil(len(self.rows) / self.args.prompts_per_generation))
@@ -204,14 +281,14 @@ class GRPOTrainer(Trainer):
         if hasattr(self.sampler, "reset_prefix_cache"):
             self.sampler.reset_prefix_cache()
 
-    def rollout(self, prompts: Sequence[Any]) -> list[Trajectory]:
+    def rollout(self, prompts: Sequence[Any], num_generations: int | None = None) -> list[Trajectory]:
         from .rollout.driver import run_rollouts
 
         was_training = self.model.training
         self.model.eval()
         try:
             result = run_sync(run_rollouts(
-                self.scheduler_obj, list(prompts), num_generations=self.args.num_generations,
+                self.scheduler_obj, list(prompts), num_generations=num_generations or self.args.num_generations,
                 sampling_params=sampling_params(self.args), components=(),
                 concurrency=self.args.rollout_concurrency, progress=False, timeout=self.args.rollout_timeout,
             ))
@@ -220,7 +297,8 @@ class GRPOTrainer(Trainer):
         return result.trajectories
 
     def _score(self, trajs: list[Trajectory]) -> tuple[Any, dict[str, list[float | None]], AdvantageStats]:
-        context = RewardContext(trainer_state=self.state, log_metric=self._log_reward_metric, log_extra=self._log_reward_extra)
+        context = RewardContext(trainer_state=self.state, log_metric=self._log_reward_metric, log_extra=self._log_reward_extra,
+                                environment_of=getattr(self.scheduler_obj, "environment_for", None))
         for r in self.reward_objects:
             if hasattr(r, "trainer_state"):
                 r.trainer_state = self.state
@@ -303,6 +381,8 @@ class GRPOTrainer(Trainer):
         self._pending_reward_metrics = {}
         self.completion_extras = self._pending_reward_extras
         self._pending_reward_extras = {}
+        if self.args.log_completions:
+            self._log_completions(trajs, adv_list)
         scheduler_metrics = getattr(self.scheduler_obj, "metrics", None)
         if callable(scheduler_metrics):  # e.g. openenv/* client counters (retries, timeouts, sessions)
             self._gen_metrics.update({k: float(v) for k, v in scheduler_metrics().items()})
@@ -316,12 +396,108 @@ class GRPOTrainer(Trainer):
         self._generations += 1
         return self._micro_batches(batch)
 
+    def _log_completions(self, trajs: list[Trajectory], advantages: list[Any], prefix: str = "") -> None:
+        """TRL's ``log_completions``: every prompt, completion, reward column and advantage of this
+        generation appended to OUTPUT_DIR/completions.jsonl; ``num_completions_to_print`` printed."""
+        from .rewards import reward_inputs, trl_reward_inputs
+
+        view = trl_reward_inputs(reward_inputs(trajs))
+        records = []
+        for i, t in enumerate(trajs):
+            adv = advantages[i] if i < len(advantages) else None
+            rec: dict[str, Any] = {"step": int(self.state.global_step), "split": prefix or "train",
+                                   "prompt": view["prompts"][i], "completion": view["completions"][i],
+                                   "rewards": dict(t.rewards), "reward": t.reward,
+                                   "advantage": adv if not isinstance(adv, list) else (adv[0] if adv else None),
+                                   "status": t.status}
+            for column, values in self.completion_extras.items():
+                if i < len(values):
+                    rec[column] = values[i]
+            records.append(rec)
+        if self.args.should_save:
+            os.makedirs(self.args.output_dir, exist_ok=True)
+            with open(os.path.join(self.args.output_dir, "completions.jsonl"), "a", encoding="utf-8") as f:
+                for rec in records:
+                    f.write(json.dumps(rec, default=str) + "\n")
+            n = self.args.num_completions_to_print
+            for rec in records[: len(records) if n is None else int(n)]:
+                print(f"[step {rec['step']}] reward={rec['reward']} advantage={rec['advantage']}\n"
+                      f"  prompt: {str(rec['prompt'])[:200]}\n  completion: {str(rec['completion'])[:400]}")
+
+    # --- evaluation: roll out the eval prompts and score them, as TRL does --------------------------
+    def evaluate(self, eval_dataset: Any = None, ignore_keys: list[str] | None = None,
+                 metric_key_prefix: str = "eval") -> dict[str, float]:
+        """Roll out every eval prompt ``num_generations_eval`` times with the current policy, score
+        with the training rewards, and log TRL's keys under ``eval_`` (``eval_reward``,
+        ``eval_rewards/<f>/mean``, ``eval_completions/mean_length`` …) plus ``eval_loss``."""
+        sets = _eval_rows(eval_dataset) if eval_dataset is not None else self.eval_rows
+        if not sets:
+            raise ConfigError("evaluation needs an eval_dataset (pass eval_dataset= to GRPOTrainer)")
+        out: dict[str, float] = {}
+        train_metrics, self._train_metrics = self._train_metrics, MetricAccumulator()
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for name, rows in sets.items():
+                prefix = f"{metric_key_prefix}_{name}" if name else metric_key_prefix
+                out.update(self._evaluate_rows(rows, prefix))
+        finally:
+            self.model.train(was_training)
+            self._train_metrics = train_metrics
+        if self.args.should_save:
+            append_jsonl(self.args.output_dir, {"step": self.state.global_step, **out})
+        self.log(out)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, out)
+        return out
+
+    def _evaluate_rows(self, rows: list[dict[str, Any]], prefix: str) -> dict[str, float]:
+        a = self.args
+        n_gen = int(a.num_generations_eval or a.num_generations)
+        per_batch = max(1, (a.per_device_eval_batch_size * max(1, int(a.world_size))) // n_gen)
+        self.sync_weights()
+        has_prompt = check_columns(rows, self.prompt_column, "eval_dataset")
+        sums: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        for start in range(0, len(rows), per_batch):
+            chunk = rows[start: start + per_batch][int(a.process_index):: max(1, int(a.world_size))]
+            prompts = [make_prompt(r, self.processing_class, has_prompt, self.prompt_column, a.max_prompt_length,
+                                   self.system_prompt) for r in chunk]
+            if not prompts:
+                continue
+            trajs = self.rollout(prompts, num_generations=n_gen) if n_gen != a.num_generations else self.rollout(prompts)
+            adv, columns, stats = self._score(trajs)
+            metrics = rollout_metrics(trajs, columns, stats.zero_std_frac)
+            metrics.update(self._reward_errors)
+            for k, v in self._pending_reward_metrics.items():
+                metrics[k] = sum(v) / len(v) if v else float("nan")
+            self._pending_reward_metrics = {}
+            adv_list = adv.detach().float().cpu().tolist() if isinstance(adv, torch.Tensor) else list(adv)
+            if a.log_completions:
+                self._log_completions(trajs, adv_list, prefix)
+            self._pending_reward_extras = {}
+            batch = Batch.from_trajectories(trajs, adv_list, self.pad_token_id).to(a.device)
+            for i, t in enumerate(trajs):
+                if t.status == "failed":
+                    batch.completion_mask[i] = 0
+            with torch.no_grad():
+                metrics["loss"] = float(self.compute_loss(self.model, {"batch": batch,
+                                                                       "num_items": float(batch.completion_mask.sum())}))
+            metrics.update(self._train_metrics.pop())  # entropy, clip ratios … of the eval forward pass
+            metrics["num_tokens"] = float(self.state.num_input_tokens_seen)
+            for k, v in metrics.items():
+                if v is None or (isinstance(v, float) and math.isnan(v)):
+                    continue
+                sums[k] = sums.get(k, 0.0) + float(v)
+                counts[k] = counts.get(k, 0) + 1
+        return {f"{prefix}_{k}": sums[k] / counts[k] for k in sums}
+
     @torch.no_grad()
     def _attach_logps(self, batch: Batch) -> None:
         """Old logprobs (policy at rollout time) when the policy moves before the batch is used up,
         or when IS correction needs trainer logprobs of the rollout policy; reference logprobs for KL."""
         a = self.args
-        need_old = a.num_iterations > 1 or int(a.steps_per_generation) > 1 or a.is_correction is not None
+        # TRL: the policy moves before the batch is used up when it spans several optimizer steps
+        need_old = a.num_iterations > 1 or int(a.steps_per_generation) > a.gradient_accumulation_steps or a.is_correction is not None
         mb = max(1, a.per_device_train_batch_size)
         if need_old:
             was = self.model.training
@@ -345,23 +521,19 @@ class GRPOTrainer(Trainer):
         return torch.cat(parts, 0) if parts else torch.zeros_like(batch.completion_mask)
 
     def _micro_batches(self, batch: Batch) -> list[dict[str, Any]]:
-        """``num_iterations`` shuffled passes, each cut into steps_per_generation × GA micro-batches;
-        each carries the active-token share of its optimizer step (token-level losses' normaliser)."""
+        """``num_iterations`` shuffled passes, each cut into ``steps_per_generation`` micro-batches
+        (TRL's split). Token-level losses (dapo, cispo, vespo) divide by TRL's normaliser: the
+        generation batch's active tokens × gradient_accumulation_steps / steps_per_generation; each
+        micro-batch carries that divided by gradient_accumulation_steps (compute_loss divides by it)."""
         a = self.args
-        ga, spg = a.gradient_accumulation_steps, int(a.steps_per_generation)
-        n_micro = spg * ga
+        spg = int(a.steps_per_generation)
         out: list[dict[str, Any]] = []
         gen = torch.Generator().manual_seed(int(a.seed) * 7919 + self._generations)
-        tokens = batch.completion_mask.sum(-1).cpu()
+        num_items = float(batch.completion_mask.sum().cpu()) / spg
         for _ in range(a.num_iterations):
             order = torch.randperm(batch.size, generator=gen)
-            chunks = [c for c in torch.tensor_split(order, n_micro)]
-            for w in range(spg):
-                window = chunks[w * ga : (w + 1) * ga]
-                window_tokens = float(sum(float(tokens[c].sum()) for c in window))
-                for c in window:
-                    out.append({"batch": batch.select(c.to(batch.input_ids.device)),
-                                "num_items": window_tokens / ga})
+            for c in torch.tensor_split(order, spg):
+                out.append({"batch": batch.select(c.to(batch.input_ids.device)), "num_items": num_items})
         return out
 
     # --- the loss ----------------------------------------------------------------------------------
@@ -377,8 +549,11 @@ class GRPOTrainer(Trainer):
             temperature=self.args.temperature, chunk_size=self.args.logprob_chunk_size, entropy=True,
         )
         cfg = LossConfig.from_args(self.args, num_items=inputs.get("num_items"))
+        loss_mask = b.completion_mask
+        if self.args.top_entropy_quantile < 1.0:  # TRL: train only on the highest-entropy tokens
+            loss_mask = loss_mask * high_entropy_mask(entropy, loss_mask, 1.0 - self.args.top_entropy_quantile)
         loss, metrics = self.loss_fn(
-            logps, b.old_logps, b.advantages, b.completion_mask,
+            logps, b.old_logps, b.advantages, loss_mask,
             ref_logps=b.ref_logps, sampler_logps=b.sampler_logps if self.args.is_correction else None,
             is_valid=b.is_valid, config=cfg,
         )

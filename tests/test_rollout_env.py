@@ -108,3 +108,28 @@ async def test_slow_env_steps_overlap(tok: Any) -> None:
     wall = time.perf_counter() - t0
     assert res.stats["ok"] == 8 and res.stats["turns"] == 16
     assert wall < 8 * 2 * 0.2 / 2  # 16 sleeps of 0.2 s ran concurrently, far below 3.2 s serial
+
+
+async def test_stop_strings_end_a_turn_and_a_cut_reply_can_go_on(tok: Any) -> None:
+    """``stop`` joins the sampling params' stop list (the turn ends at the first space, its tokens
+    kept); with ``stop_on_truncation=False`` a reply cut by ``max_tokens`` still reaches the env."""
+    GuessEnv.closed.clear()
+    stopped = ScriptedSampler(["3 and more"], tok, append_eos=False)
+    sched = GuessScheduler(stopped, max_turns=2, stop=[" "])
+    res = await run_rollouts(sched, rows(tok, [5]), sampling_params=SamplingParams(max_tokens=8, stop=["\n\n"]),
+                             progress=False)
+    t = res.trajectories[0]
+    assert all(p.stop == ["\n\n", " "] for _, p in stopped.calls)
+    assert [turn.finish_reason for turn in t.turns if turn.loss_mask[0] == 1] == ["stop", "stop"]
+    assert t.messages[2]["content"] == "3 and"  # cut after the token that holds the space, tokens kept
+    assert t.infos["env_done"] is False and t.infos["ended_by"] == "max_turns" and t.status == "ok"
+
+    cut = ScriptedSampler(["1234567890123"], tok, append_eos=False)
+    res = await run_rollouts(GuessScheduler(cut, max_turns=3, stop_on_truncation=False), rows(tok, [5]),
+                             sampling_params=SamplingParams(max_tokens=2), progress=False)
+    t = res.trajectories[0]
+    assert t.num_turns == 3 and t.infos["ended_by"] == "max_turns" and t.status == "truncated"
+    res = await run_rollouts(GuessScheduler(cut, max_turns=3), rows(tok, [5]),
+                             sampling_params=SamplingParams(max_tokens=2), progress=False)
+    t = res.trajectories[0]
+    assert t.num_turns == 1 and t.infos["ended_by"] == "length"

@@ -25,7 +25,7 @@ REQUIRED_METRICS = [
 def config(tmp_path: Any, **over: Any) -> GRPOConfig:
     values: dict[str, Any] = dict(
         output_dir=str(tmp_path), reward_funcs=["digits"], num_generations=4, per_device_train_batch_size=8,
-        max_completion_length=4, max_steps=2, learning_rate=1e-3, save_strategy="no", seed=0,
+        max_completion_length=4, max_steps=2, learning_rate=1e-3, save_strategy="no", seed=0, logging_steps=1,
         disable_tqdm=True, report_to="none",
     )
     values.update(over)
@@ -38,9 +38,9 @@ def metrics(tmp_path: Any) -> list[dict[str, Any]]:
 
 
 def test_generation_bookkeeping_and_metric_names(tmp_path: Any, tiny_model_dir: str) -> None:
-    # 2 micro-batches per optimizer step × 2 optimizer steps per generation × μ=2 passes:
+    # 4 micro-steps per generation (TRL's steps_per_generation), 2 per optimizer step, μ=2 passes:
     # one generation feeds 4 optimizer steps; old logps recorded, reference model for beta>0.
-    args = config(tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=2, steps_per_generation=2,
+    args = config(tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=2, generation_batch_size=16,
                   num_iterations=2, beta=0.05, loss_type="grpo", is_correction="token_truncate", max_steps=4,
                   temperature=0.7)
     assert args.generation_batch_size == 16 and args.prompts_per_generation == 4

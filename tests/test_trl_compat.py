@@ -155,3 +155,242 @@ def test_plain_text_prompts_are_not_chat_templated(tmp_path: Any) -> None:
     texts = {tok.decode(ids) for ids in seen}
     assert texts <= {f"What is {i} + 1?" for i in range(4)}  # raw text, as TRL tokenizes it
     assert not any("<|im_start|>" in t for t in texts)
+
+
+# --- 2. generation-batch arithmetic: same completions per step, same number of generations --------
+class Counter:
+    def __init__(self) -> None:
+        self.__name__ = "counter"
+        self.sizes: list[int] = []
+
+    def __call__(self, completions: list[Any], **kwargs: Any) -> list[float]:
+        self.sizes.append(len(completions))
+        return [float(len(str(c)) % 2) for c in completions]
+
+
+@pytest.mark.parametrize("over", [
+    dict(gradient_accumulation_steps=2, steps_per_generation=2),   # TRL: 4 × 2 = 8 per generation
+    dict(gradient_accumulation_steps=2, generation_batch_size=12, num_generations=4),
+    dict(gradient_accumulation_steps=2),                            # default: steps_per_generation = accumulation
+    dict(steps_per_generation=4, num_iterations=2, max_steps=3),   # one generation spans several optimizer steps
+])
+def test_generation_batches_match_trl(tmp_path: Any, over: dict[str, Any]) -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        res = both(tmp_path, lambda: (Counter(), standard_rows(16)), **over)
+    trl_sizes, ours = res["trl"][1].sizes, res["rlcore"][1].sizes
+    assert trl_sizes == ours, (trl_sizes, ours)
+    assert res["trl"][0].args.generation_batch_size == res["rlcore"][0].args.generation_batch_size
+    assert res["trl"][0].args.steps_per_generation == res["rlcore"][0].args.steps_per_generation
+    assert res["trl"][0].state.global_step == res["rlcore"][0].state.global_step
+
+
+# --- 5. metric keys: every key TRL logs, rlcore logs too --------------------------------------------
+@pytest.mark.parametrize("over", [dict(), dict(beta=0.04), dict(loss_type="cispo"), dict(loss_type="luspo", importance_sampling_level="sequence"),
+                                  dict(loss_type="vespo"), dict(loss_type="grpo", scale_rewards=False), dict(scale_rewards=True, loss_type="bnpo")])
+def test_rlcore_logs_every_key_trl_logs(tmp_path: Any, over: dict[str, Any]) -> None:
+    res = both(tmp_path, lambda: (Recorder(), standard_rows()), **over)
+    trl_keys = set().union(*(h.keys() for h in res["trl"][2]))
+    ours = set().union(*(h.keys() for h in res["rlcore"][2]))
+    assert trl_keys - ours == set(), sorted(trl_keys - ours)
+    for h in res["rlcore"][2]:
+        assert h["num_tokens"] > 0 and h["completions/mean_length"] > 0
+
+
+# --- 4. evaluation and reward models ---------------------------------------------------------------
+def test_eval_dataset_is_rolled_out_and_logged_like_trl(tmp_path: Any) -> None:
+    def make() -> tuple[Any, Any]:
+        return Recorder(), standard_rows()
+
+    out = {}
+    for name, lib in LIBS.items():
+        rewards, data = make()
+        from rlcore.testing import tiny_model_path
+
+        args = lib.GRPOConfig(**dict(COMMON, output_dir=str(tmp_path / name), eval_strategy="steps", eval_steps=1,
+                                     per_device_eval_batch_size=4))
+        # positional, TRL's order: model, reward_funcs, args, train_dataset, eval_dataset
+        trainer = lib.GRPOTrainer(tiny_model_path(), rewards, args, data, standard_rows(4))
+        trainer.train()
+        out[name] = [h for h in trainer.state.log_history if "eval_reward" in h]
+    assert len(out["trl"]) == len(out["rlcore"]) == 2
+    trl_keys = set(out["trl"][0]) - {"eval_runtime", "eval_samples_per_second", "eval_steps_per_second"}
+    assert trl_keys - set(out["rlcore"][0]) == set(), sorted(trl_keys - set(out["rlcore"][0]))
+
+
+@pytest.fixture(scope="module")
+def reward_model_dir(tmp_path_factory: Any) -> str:
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    from rlcore.testing import tiny_model_path
+
+    src = tiny_model_path()
+    cfg = AutoConfig.from_pretrained(src, num_labels=1)
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_config(cfg)
+    out = str(tmp_path_factory.mktemp("reward-model"))
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(src).save_pretrained(out)
+    return out
+
+
+@pytest.mark.parametrize("form", ["path", "object"])
+@pytest.mark.parametrize("rows", [standard_rows, conversational_rows])
+def test_reward_models_score_like_trl(tmp_path: Any, reward_model_dir: str, form: str, rows: Any) -> None:
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    logs = {}
+    for name, lib in LIBS.items():
+        if form == "path":
+            rewards, procs = reward_model_dir, None
+        else:
+            rewards = AutoModelForSequenceClassification.from_pretrained(reward_model_dir, num_labels=1)
+            procs = AutoTokenizer.from_pretrained(reward_model_dir)
+        from rlcore.testing import tiny_model_path
+
+        args = lib.GRPOConfig(**dict(COMMON, output_dir=str(tmp_path / name), max_steps=1))
+        trainer = lib.GRPOTrainer(tiny_model_path(), reward_funcs=rewards, args=args, train_dataset=rows(),
+                                  reward_processing_classes=procs)
+        trainer.train()
+        logs[name] = [h for h in trainer.state.log_history if "loss" in h and "train_runtime" not in h][0]
+    key = f"rewards/{os.path.basename(reward_model_dir)}/mean"
+    assert key in logs["trl"] and key in logs["rlcore"]
+    assert logs["rlcore"][key] is not None and logs["rlcore"][key] == logs["rlcore"][key]  # a number, not NaN
+
+
+# --- 3. every TRL GRPOConfig field: accepted with TRL's meaning, or refused in one line -------------
+def _trl_only_fields() -> list[Any]:
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    base = {f.name for f in dataclasses.fields(TrainingArguments)}
+    return [f for f in dataclasses.fields(trl.GRPOConfig) if f.name not in base]
+
+
+#: documented deviations from TRL's defaults (docs/porting-trl.md)
+DEFAULT_DEVIATIONS = {"logging_steps", "bf16", "output_dir"}
+
+
+def _non_default(name: str, default: Any) -> Any:
+    special = {
+        "vllm_mode": "server", "scale_rewards": "batch", "loss_type": "grpo", "importance_sampling_level": "sequence",
+        "multi_objective_aggregation": "normalize_then_sum", "vllm_importance_sampling_mode": "token_truncate",
+        "vllm_model_impl": "transformers", "pad_to_multiple_of": 64, "model_init_kwargs": {"dtype": "float32"},
+        "generation_kwargs": {"max_new_tokens": 4}, "chat_template_kwargs": {"enable_thinking": False},
+        "cache_implementation": "static", "vllm_structured_outputs_regex": "a+", "log_completions_hub_repo": "me/x",
+        "transformers_continuous_batching_config": {"max_batch_tokens": 64}, "vllm_server_base_url": "http://127.0.0.1:9",
+        "num_generations_eval": 2, "top_entropy_quantile": 0.5, "max_tool_calling_iterations": 3,
+        "vllm_importance_sampling_clip_min": 0.5, "vllm_importance_sampling_cap": 2.0, "router_aux_loss_coef": 0.01,
+        "vllm_max_model_length": 256, "off_policy_mask_threshold": 0.5, "num_completions_to_print": 2,
+        "steps_per_generation": 2, "generation_batch_size": 16, "min_p": 0.1, "delta": 1.5, "epsilon_high": 0.28,
+        "reward_weights": [1.0], "use_vllm": True, "log_completions": True, "num_generations": 4, "entropy_target": 0.5,
+    }
+    if name in special:
+        return special[name]
+    if isinstance(default, bool):
+        return not default
+    if isinstance(default, (int, float)):
+        return default + 1 if isinstance(default, int) else default * 0.5 + 0.1
+    if isinstance(default, str):
+        return default + "_x"
+    raise AssertionError(f"no test value for {name}")
+
+
+@pytest.mark.parametrize("f", _trl_only_fields(), ids=lambda f: f.name)
+def test_every_trl_config_field_is_accepted_or_refused(f: Any, tmp_path: Any) -> None:
+    import dataclasses
+
+    from rlcore.training.trl_fields import REFUSED
+
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    ours = {g.name: g for g in dataclasses.fields(rlcore.GRPOConfig)}
+    assert f.name in ours, f"TRL field {f.name} unknown to rlcore"
+    ours_default = ours[f.name].default if ours[f.name].default is not dataclasses.MISSING else ours[f.name].default_factory()
+    if f.name not in DEFAULT_DEVIATIONS:
+        assert ours_default == default, (f.name, ours_default, default)
+    base = dict(output_dir=str(tmp_path), use_cpu=True, per_device_train_batch_size=8, num_generations=8)
+    rlcore.GRPOConfig(**{**base, f.name: default})  # TRL's default always constructs
+    value = _non_default(f.name, default)
+    if f.name in REFUSED:
+        with pytest.raises(rlcore.ConfigError, match=f"^{f.name}=") as info:
+            rlcore.GRPOConfig(**{**base, f.name: value})
+        assert "\n" not in str(info.value) and "not supported" in str(info.value)
+    else:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            cfg = rlcore.GRPOConfig(**{**base, f.name: value})
+        assert getattr(cfg, f.name) is not None
+
+
+def test_trl_options_map_onto_rlcore(tmp_path: Any) -> None:
+    base = dict(output_dir=str(tmp_path), use_cpu=True)
+    c = rlcore.GRPOConfig(**base, use_vllm=True, vllm_gpu_memory_utilization=0.5, vllm_max_model_length=1024)
+    assert c.sampler == "vllm" and c.sampler_options["gpu_memory_utilization"] == 0.5
+    assert c.sampler_options["max_model_len"] == 1024 and c.is_correction == "sequence_mask" and c.is_threshold == 3.0
+    c = rlcore.GRPOConfig(**base, use_vllm=True, vllm_mode="server", vllm_server_host="10.0.0.2", vllm_server_port=8123)
+    assert c.sampler == "openai" and c.sampler_options["base_url"] == "http://10.0.0.2:8123"
+    assert rlcore.GRPOConfig(**base, scale_rewards=True).scale_rewards == "group"
+    assert rlcore.GRPOConfig(**base, scale_rewards=False).scale_rewards == "none"
+    from rlcore.training.components import sampling_params
+
+    sp = sampling_params(rlcore.GRPOConfig(**base, generation_kwargs={"max_new_tokens": 5, "stop_strings": "##"}))
+    assert sp.max_tokens == 5 and sp.stop == ["##"]
+    with pytest.raises(rlcore.ConfigError, match="generation_kwargs\\['num_beams'\\]"):
+        sampling_params(rlcore.GRPOConfig(**base, generation_kwargs={"num_beams": 4}))
+
+
+def test_rollout_func_is_refused_in_one_line(tmp_path: Any) -> None:
+    from rlcore.testing import tiny_model_path
+
+    args = rlcore.GRPOConfig(**dict(COMMON, output_dir=str(tmp_path)))
+    with pytest.raises(rlcore.ConfigError, match="^rollout_func is not supported"):
+        rlcore.GRPOTrainer(tiny_model_path(), reward_funcs=Counter(), args=args, train_dataset=standard_rows(),
+                           rollout_func=lambda prompts, trainer: {})
+
+
+def test_environment_factory_runs_on_rlcore_tool_scheduler(tmp_path: Any) -> None:
+    """TRL's agent API: reset(**row) observation, env methods as tools, get_reward as a reward,
+    ``environments`` passed to rewards."""
+    from rlcore.testing import tiny_model_path
+
+    resets: list[dict[str, Any]] = []
+    seen_envs: list[Any] = []
+
+    class Counting:
+        def reset(self, **row: Any) -> str:
+            resets.append(row)
+            self.moves = 0
+            return " (you may call increment)"
+
+        def increment(self, by: int) -> str:
+            """Add to the counter.
+
+            Args:
+                by: how much to add
+            """
+            self.moves += by
+            return str(self.moves)
+
+        def get_reward(self) -> float:
+            return float(self.moves)
+
+    def uses_env(completions: list[Any], environments: list[Any], **kwargs: Any) -> list[float]:
+        seen_envs.extend(environments)
+        return [0.0] * len(completions)
+
+    args = rlcore.GRPOConfig(**dict(COMMON, output_dir=str(tmp_path), max_steps=1, max_tool_calling_iterations=1))
+    trainer = rlcore.GRPOTrainer(tiny_model_path(), reward_funcs=uses_env, args=args, train_dataset=conversational_rows(),
+                                 environment_factory=Counting)
+    trainer.train()
+    assert len(resets) == 4 and all("solution" in r and "prompt" in r for r in resets)
+    assert all(isinstance(e, Counting) for e in seen_envs) and len(seen_envs) == 4
+    logs = [h for h in trainer.state.log_history if "loss" in h and "train_runtime" not in h]
+    assert logs[0]["rewards/Counting/mean"] == 0.0
+    assert trainer.scheduler_obj.tool_manager.names == ["increment"]
+    assert "tools/call_frequency" in logs[0] and "tools/failure_frequency" in logs[0]

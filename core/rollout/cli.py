@@ -1,8 +1,11 @@
 """``rlcore rollout``: run rollouts only (no training) and write one JSON object per trajectory.
 
 Defaults make it work with no arguments: the built-in tiny model, the built-in arithmetic dataset,
-the single-turn scheduler and the ``hf`` sampler. Options a scheduler or sampler declares (its
-factory's keyword parameters) are accepted as flags: ``--env-url X`` → ``env_url="X"``.
+the single-turn scheduler and the ``hf`` sampler. A scheduler with an embedded default
+(``default_task()``, e.g. ``openenv_scheduler``, ``gym_scheduler``) brings its own prompts, per-turn
+token cap, ``max_turns`` and scheduler options (stop strings …) when no ``--dataset`` is given.
+Options a scheduler or sampler declares (its factory's keyword parameters) are accepted as flags:
+``--env-url X`` → ``env_url="X"``.
 """
 
 from __future__ import annotations
@@ -28,14 +31,15 @@ def register(cli: Any) -> None:
 )
 @click.option("--scheduler", default="default", show_default=True, help="Scheduler name (rlcore components scheduler).")
 @click.option("--model", default=None, help="Model directory or hub id [default: the built-in tiny model].")
-@click.option("--dataset", default=None, help=".jsonl/.json/.parquet file or datasets name [default: built-in arithmetic].")
+@click.option("--dataset", default=None, help=".jsonl/.json/.parquet file, datasets name, or SOURCE:SPEC?key=value of a dataset source [default: built-in arithmetic].")
+@click.option("--dataset-options", default=None, help="Options for a dataset source (SOURCE:SPEC): key=value,key=value or JSON.")
 @click.option("--split", default="train", show_default=True, help="Dataset split (datasets names).")
 @click.option("--prompt-column", default=None, help="Column holding the prompt when it is not messages/prompt/question.")
 @click.option("--system-prompt", default=None, help="System message prepended to every prompt.")
 @click.option("--limit", type=int, default=8, show_default=True, help="Number of prompts (0: all).")
 @click.option("--num-generations", type=int, default=1, show_default=True, help="Trajectories per prompt.")
 @click.option("--max-turns", type=int, default=None, help="Turn limit [default: the scheduler's].")
-@click.option("--max-tokens", type=int, default=64, show_default=True, help="Tokens per completion.")
+@click.option("--max-tokens", type=int, default=None, help="Tokens per completion [default: the scheduler's default task's, else 64].")
 @click.option("--temperature", type=float, default=1.0, show_default=True)
 @click.option("--top-p", type=float, default=1.0, show_default=True)
 @click.option("--seed", type=int, default=None, help="Sampling seed (per trajectory: seed + index).")
@@ -62,7 +66,7 @@ def check_options(opts: dict[str, Any]) -> None:
             raise ConfigError(f"{flag} must be {rule}, got {opts[flag.lstrip('-').replace('-', '_')]}")
 
     need(opts["num_generations"] >= 1, "--num-generations", "at least 1")
-    need(opts["max_tokens"] >= 1, "--max-tokens", "at least 1")
+    need(opts["max_tokens"] is None or opts["max_tokens"] >= 1, "--max-tokens", "at least 1")
     need(opts["limit"] >= 0, "--limit", "0 (all prompts) or a positive number of prompts")
     need(opts["concurrency"] >= 1, "--concurrency", "at least 1")
     need(opts["max_turns"] is None or opts["max_turns"] >= 1, "--max-turns", "at least 1")
@@ -78,7 +82,7 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
 
     registry = importlib.import_module("rlcore.plugins")
     check_options(opts)
-    from ..data import load_prompts
+    from ..data import load_prompts, parse_dataset_options
     from ..plugins import RunHooks
     from ..rewards import as_reward, compute_rewards
     from ..types import SamplingParams
@@ -92,6 +96,19 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
     routed = plugin_options(extra_args, labels)
     sched_opts, sampler_opts = routed[f"scheduler {opts['scheduler']!r}"], routed[f"sampler {opts['sampler']!r}"]
     reward_objs, weights = _rewards(opts["rewards"], registry, as_reward)
+    dataset: Any = opts["dataset"]
+    if dataset is None and callable(getattr(scheduler_factory, "default_task", None)):
+        from ..tasks import default_task_for
+
+        task = default_task_for(scheduler_factory)
+        dataset = list(task.rows)
+        sched_opts = {**task.scheduler_options, **sched_opts}
+        if opts["max_turns"] is None and task.task_config.get("max_turns") is not None:
+            opts["max_turns"] = task.task_config["max_turns"]
+        if opts["max_tokens"] is None:
+            opts["max_tokens"] = task.task_config.get("max_completion_length")
+    if opts["max_tokens"] is None:
+        opts["max_tokens"] = 64
 
     model = opts["model"]
     if model is None:
@@ -107,8 +124,9 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
             sched_opts["max_turns"] = opts["max_turns"]
         scheduler = build_scheduler(scheduler_factory, sampler, tokenizer, **sched_opts)
         prompts = load_prompts(
-            opts["dataset"], tokenizer, split=opts["split"], prompt_column=opts["prompt_column"],
+            dataset, tokenizer, split=opts["split"], prompt_column=opts["prompt_column"],
             system_prompt=opts["system_prompt"], limit=opts["limit"] or None, tools=getattr(scheduler, "tools", None),
+            options=parse_dataset_options(opts.get("dataset_options")),
         )
         params = SamplingParams(max_tokens=opts["max_tokens"], temperature=opts["temperature"], top_p=opts["top_p"], seed=opts["seed"])
         result = await run_rollouts(

@@ -19,7 +19,7 @@ from typing import Any
 from ..asyncutil import await_me_maybe
 from ..envs import Env, EnvStep
 from ..errors import EnvError
-from ..types import Completion, Trajectory
+from ..types import Completion, SamplingParams, Trajectory
 from .scheduler import MultiTurnScheduler
 from .tokens import encode_prompt
 
@@ -28,7 +28,10 @@ class EnvScheduler(MultiTurnScheduler):
     """Subclasses implement :meth:`make_env`; may override :meth:`parse_action` / :meth:`format_observation`.
 
     Options: ``max_turns`` (4), ``max_concurrent_envs`` (env calls in flight at once, 64),
-    ``env_timeout`` (seconds per reset/step/close, 60).
+    ``env_timeout`` (seconds per reset/step/close, 60), ``stop`` (strings that end an assistant turn,
+    added to the sampling params' own: an environment whose action is one word can end the turn at
+    the first whitespace), ``stop_on_truncation`` (end the episode when a reply hits ``max_tokens``;
+    default True — with False the cut reply is still sent to the environment and the episode goes on).
     """
 
     name = "env_scheduler"
@@ -39,9 +42,13 @@ class EnvScheduler(MultiTurnScheduler):
         *,
         max_concurrent_envs: int = 64,
         env_timeout: float | None = 60.0,
+        stop: list[str] | str | None = None,
+        stop_on_truncation: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(sampler, **kwargs)
+        self.stop = [stop] if isinstance(stop, str) else [str(s) for s in (stop or []) if s]
+        self.stop_on_truncation = bool(stop_on_truncation)
         self.max_concurrent_envs = max(1, int(max_concurrent_envs))
         self.env_timeout = float(env_timeout) if env_timeout else None
         self._envs: dict[str, Any] = {}
@@ -77,6 +84,25 @@ class EnvScheduler(MultiTurnScheduler):
         trajectory.prompt_ids = encode_prompt(self._require_tokenizer(), messages, tools=self.tools)
 
     # --- lifecycle -------------------------------------------------------------------------------
+    async def generate(self, trajectory: Trajectory, params: SamplingParams | None = None, **kwargs: Any) -> Completion:
+        """The base generate, with this scheduler's ``stop`` strings added to the sampling params."""
+        if self.stop:
+            params = params or self.sampling_params or SamplingParams()
+            params = params.replace(stop=list(dict.fromkeys([*params.stop, *self.stop])))
+        return await super().generate(trajectory, params, **kwargs)
+
+    def check_finished(self, infer_request: Trajectory, response_choice: Completion, current_turn: int) -> bool:
+        """Default rules; with ``stop_on_truncation=False`` a reply cut by ``max_tokens`` is still sent
+        to the environment and the episode goes on (the env judges the partial action)."""
+        if response_choice.finish_reason == "length" and not self.stop_on_truncation:
+            finished = current_turn >= self.max_turns
+        else:
+            finished = super().check_finished(infer_request, response_choice, current_turn)
+        if finished:  # what ended the episode, for the run's metrics (the env's done never gets here)
+            cut = response_choice.finish_reason == "length" and self.stop_on_truncation
+            infer_request.infos["ended_by"] = "length" if cut else "max_turns"
+        return finished
+
     async def on_trajectory_start(self, trajectories: list[Trajectory]) -> None:
         await asyncio.gather(*(self._reset_one(t) for t in trajectories if t.status == "running"))
 
@@ -105,7 +131,7 @@ class EnvScheduler(MultiTurnScheduler):
             infer_request.fail(_reason("step", exc, self.env_timeout))
             return {"done": True}
         self._pending[infer_request.uuid] = self.format_observation(res.observation)
-        infos = {"env_steps": current_turn}
+        infos: dict[str, Any] = {"env_steps": current_turn, "env_done": bool(res.done)}
         if res.info:
             infos["env_info"] = res.info
         return {"done": bool(res.done), "reward": float(res.reward), "infos": infos}

@@ -16,13 +16,35 @@ from ..types import SamplingParams
 from .config import GRPOConfig
 
 
-def load_model(model: Any, args: GRPOConfig) -> Any:
-    """A causal LM from a path / hub id, or the given module as is."""
+def load_model(model: Any, args: GRPOConfig, quantization_config: Any = None) -> Any:
+    """A causal LM from a path / hub id (with TRL's ``model_init_kwargs``, ``trust_remote_code``
+    and ``quantization_config``), or the given module as is."""
     if isinstance(model, str):
         from transformers import AutoModelForCausalLM
 
-        return AutoModelForCausalLM.from_pretrained(model, dtype="auto")
+        kwargs: dict[str, Any] = {"dtype": "auto", **(args.model_init_kwargs or {})}
+        kwargs.setdefault("trust_remote_code", args.trust_remote_code)
+        if quantization_config is not None:
+            if "quantization_config" in kwargs:
+                raise ConfigError("quantization_config is given both to the trainer and in model_init_kwargs; give it once")
+            kwargs["quantization_config"] = quantization_config
+        model = AutoModelForCausalLM.from_pretrained(model, **kwargs)
+    elif quantization_config is not None or args.model_init_kwargs:
+        raise ConfigError("quantization_config / model_init_kwargs apply when the model is a path; "
+                          "this model is already loaded (load it with those options yourself)")
+    if args.disable_dropout:
+        disable_dropout(model)
     return model
+
+
+def disable_dropout(model: Any) -> None:
+    """Every dropout probability to 0 (TRL's ``disable_dropout``): the logprobs of the policy
+    then do not depend on a dropout draw."""
+    import torch
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
 
 
 def load_tokenizer(model: Any, processing_class: Any) -> Any:
@@ -70,15 +92,37 @@ def reference_model(model: Any, args: GRPOConfig) -> Any:
     return ref
 
 
+#: TRL/transformers generation_kwargs names -> SamplingParams fields
+_GEN_ALIASES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "stop_strings": "stop",
+                "eos_token_id": "stop_token_ids"}
+
+
 def sampling_params(args: GRPOConfig) -> SamplingParams:
-    return SamplingParams(
+    """What every backend samples with; ``generation_kwargs`` override any field by name."""
+    params = SamplingParams(
         max_tokens=args.max_completion_length,
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,
-        min_p=args.min_p,
+        min_p=args.min_p or 0.0,
         repetition_penalty=args.repetition_penalty,
     )
+    extra = dict(getattr(args, "generation_kwargs", None) or {})
+    if not extra:
+        return params
+    import attrs
+
+    known = {f.name for f in attrs.fields(SamplingParams)}
+    changes: dict[str, Any] = {}
+    for key, value in extra.items():
+        name = _GEN_ALIASES.get(key, key)
+        if name not in known:
+            raise ConfigError(f"generation_kwargs[{key!r}] is not a sampling setting rlcore's samplers share; "
+                              f"use one of {', '.join(sorted(known | set(_GEN_ALIASES)))}")
+        if name in ("stop", "stop_token_ids") and not isinstance(value, (list, tuple)):
+            value = [value]
+        changes[name] = value
+    return params.replace(**changes)
 
 
 def make_sampler(args: GRPOConfig, model: Any, tokenizer: Any, sampler: Any = None) -> Any:
@@ -107,9 +151,19 @@ def make_scheduler(args: GRPOConfig, sampler: Any, tokenizer: Any, scheduler: An
     return build_scheduler(factory, sampler, tokenizer, sampling_params=sampling_params(args), **opts)
 
 
-def make_rewards(args: GRPOConfig, reward_funcs: Sequence[Any] | None) -> tuple[list[Reward], dict[str, float]]:
+def make_rewards(args: GRPOConfig, reward_funcs: Sequence[Any] | None,
+                 reward_processing_classes: Any = None) -> tuple[list[Reward], dict[str, float]]:
     """Reward objects (registered names from the config, plus functions/objects passed in, TRL
-    style) and the weight of each by name."""
+    style: functions, registered names, reward models or their paths) and the weight of each."""
+    from .reward_models import RewardModel, is_reward_model, load_reward_model
+
+    passed = list(reward_funcs or [])
+    if reward_processing_classes is None:
+        procs: list[Any] = [None] * len(passed)
+    else:
+        procs = list(reward_processing_classes) if isinstance(reward_processing_classes, (list, tuple)) else [reward_processing_classes]
+        if len(procs) != len(passed):
+            raise ConfigError(f"reward_processing_classes has {len(procs)} entries for {len(passed)} reward_funcs; give one per reward (None for functions)")
     rewards: list[Reward] = []
     for name in args.reward_funcs or []:
         factory = get_component("reward", name)
@@ -118,9 +172,14 @@ def make_rewards(args: GRPOConfig, reward_funcs: Sequence[Any] | None) -> tuple[
             rewards.append(as_reward(name, factory(**options)))
         else:
             rewards.append(as_reward(name, factory))
-    for fn in reward_funcs or []:
+    for fn, proc in zip(passed, procs):
         if isinstance(fn, str):
-            rewards.append(as_reward(fn, get_component("reward", fn)))
+            if _registered(fn):
+                rewards.append(as_reward(fn, get_component("reward", fn)))
+            else:  # TRL: a string is a reward model's path or hub id
+                rewards.append(RewardModel(load_reward_model(fn, args), proc))
+        elif is_reward_model(fn):
+            rewards.append(RewardModel(fn, proc))
         else:
             rewards.append(as_reward(getattr(fn, "__name__", None) or type(fn).__name__, fn))
     if not rewards:
@@ -132,6 +191,16 @@ def make_rewards(args: GRPOConfig, reward_funcs: Sequence[Any] | None) -> tuple[
     if len(weights) != len(rewards):
         raise ConfigError(f"reward_weights has {len(weights)} values for {len(rewards)} rewards; give one per reward")
     return rewards, dict(zip(names, map(float, weights)))
+
+
+def _registered(name: str) -> bool:
+    from ..errors import UnknownComponentError
+
+    try:
+        get_component("reward", name)
+    except UnknownComponentError:
+        return False
+    return True
 
 
 def make_advantage(args: GRPOConfig) -> Any:

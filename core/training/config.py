@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,7 @@ from transformers import TrainingArguments
 
 from ..errors import ConfigError
 from .checkpoint import check_output_dir
+from .trl_fields import check_refused
 
 SCALE_REWARDS = ("group", "batch", "none")
 IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
@@ -34,21 +36,29 @@ class GRPOConfig(TrainingArguments):
     # --- overridden TrainingArguments defaults ---------------------------------------------------
     output_dir: str | None = field(default="rlcore-output", metadata={"help": "Where checkpoints, metrics.jsonl and plots go."})
     learning_rate: float = field(default=1e-6, metadata={"help": "AdamW learning rate (TRL's GRPO default)."})
-    logging_steps: float = field(default=1, metadata={"help": "Log (and append to metrics.jsonl) every N steps."})
+    logging_steps: float = field(default=1, metadata={"help": "Log (and append to metrics.jsonl) every N steps (TRL: 10; rlcore logs every step, see docs/porting-trl.md)."})
+    gradient_checkpointing: bool = field(default=True, metadata={"help": "Recompute activations in backward to save memory (TRL's default)."})
+    bf16: bool | None = field(default=None, metadata={"help": "bf16 mixed precision; default (None): on where a CUDA GPU supports it, off on the CPU."})
     per_device_train_batch_size: int = field(default=8, metadata={"help": "Trajectories per micro-batch."})
     remove_unused_columns: bool = field(default=False, metadata={"help": "Keep dataset columns (rewards read them)."})
 
     # --- generation (TRL names) ------------------------------------------------------------------
     num_generations: int = field(default=8, metadata={"help": "Trajectories per prompt (the group size)."})
     max_prompt_length: int | None = field(default=512, metadata={"help": "Prompts longer than this keep their last tokens."})
-    max_completion_length: int = field(default=256, metadata={"help": "Most tokens sampled per assistant turn."})
+    max_completion_length: int = field(default=512, metadata={"help": "Most tokens sampled per assistant turn (TRL's default)."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (also applied to trainer logprobs)."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling."})
     top_k: int = field(default=0, metadata={"help": "Top-k sampling (0: off)."})
-    min_p: float = field(default=0.0, metadata={"help": "Min-p sampling (0: off)."})
+    min_p: float | None = field(default=None, metadata={"help": "Min-p sampling (None or 0: off)."})
     repetition_penalty: float = field(default=1.0, metadata={"help": "Repetition penalty at sampling."})
-    steps_per_generation: int | None = field(default=None, metadata={"help": "Optimizer steps per generation batch (default: 1)."})
-    generation_batch_size: int | None = field(default=None, metadata={"help": "Trajectories per generation step (overrides steps_per_generation)."})
+    steps_per_generation: int | None = field(default=None, metadata={"help": "Micro-steps fed by one generation batch, as in TRL (default: gradient_accumulation_steps)."})
+    generation_batch_size: int | None = field(default=None, metadata={"help": "Trajectories per generation step, all processes (default: per_device_train_batch_size × processes × steps_per_generation)."})
+    num_generations_eval: int | None = field(default=None, metadata={"help": "Trajectories per eval prompt (default: num_generations)."})
+    generation_kwargs: dict | None = field(default=None, metadata={"help": "Extra sampling settings: any SamplingParams field (max_tokens, stop, min_tokens, seed …; HF names max_new_tokens, min_new_tokens, stop_strings)."})
+    shuffle_dataset: bool = field(default=True, metadata={"help": "Walk the training rows in a seeded random order."})
+    model_init_kwargs: dict | str | None = field(default=None, metadata={"help": "Keyword arguments for from_pretrained when the model is a path (dtype, revision …)."})
+    trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom model code when loading by path."})
+    disable_dropout: bool = field(default=False, metadata={"help": "Set every dropout probability of the policy (and reference) to 0."})
 
     # --- loss (TRL names) --------------------------------------------------------------------------
     loss_type: str = field(default="dapo", metadata={"help": "grpo, bnpo, dr_grpo, dapo, gspo, cispo, sapo or a plugin's loss."})
@@ -58,11 +68,21 @@ class GRPOConfig(TrainingArguments):
     delta: float | None = field(default=None, metadata={"help": "Two-sided clipping: cap the unclipped ratio at delta."})
     beta: float = field(default=0.0, metadata={"help": "KL coefficient (k3) to the reference model; 0 loads no reference model."})
     num_iterations: int = field(default=1, metadata={"help": "Passes (μ) over each generation batch."})
-    scale_rewards: str = field(default="group", metadata={"help": "Advantage scaling: group, batch or none."})
+    scale_rewards: str = field(default="group", metadata={"help": "Advantage scaling: group, batch or none (True = group, False = none, as in TRL)."})
     reward_weights: list[float] | None = field(default=None, metadata={"help": "One weight per reward (default 1 each)."})
     mask_truncated_completions: bool = field(default=False, metadata={"help": "Leave length-truncated trajectories out of the loss."})
     sapo_temperature_pos: float = field(default=1.0, metadata={"help": "SAPO gate temperature for positive advantages."})
     sapo_temperature_neg: float = field(default=1.05, metadata={"help": "SAPO gate temperature for negative advantages."})
+    vespo_k_pos: float = field(default=2.0, metadata={"help": "VESPO gamma shape k for non-negative advantages."})
+    vespo_lambda_pos: float = field(default=3.0, metadata={"help": "VESPO gamma rate λ for non-negative advantages."})
+    vespo_k_neg: float = field(default=3.0, metadata={"help": "VESPO gamma shape k for negative advantages."})
+    vespo_lambda_neg: float = field(default=2.0, metadata={"help": "VESPO gamma rate λ for negative advantages."})
+    use_bias_correction_kl: bool = field(default=True, metadata={"help": "Multiply the KL term by the importance ratio (TRL's default)."})
+    top_entropy_quantile: float = field(default=1.0, metadata={"help": "Train only on the tokens in this top quantile of entropy (1.0: all)."})
+    entropy_coef: float = field(default=0.0, metadata={"help": "Not supported (entropy bonus)."})
+    sync_ref_model: bool = field(default=False, metadata={"help": "Every ref_model_sync_steps, mix the policy into the reference model (TR-DPO)."})
+    ref_model_mixup_alpha: float = field(default=0.6, metadata={"help": "ref = alpha × policy + (1 - alpha) × ref at each sync."})
+    ref_model_sync_steps: int = field(default=512, metadata={"help": "Optimizer steps between reference-model syncs."})
     is_correction: str | None = field(default=None, metadata={"help": "Rollout IS correction: token_truncate, token_mask, sequence_truncate, sequence_mask."})
     is_threshold: float = field(default=3.0, metadata={"help": "IS ratio cap (truncate) or cut-off (mask)."})
     is_min_threshold: float | None = field(default=None, metadata={"help": "Lower IS cut-off for the *_mask modes."})
@@ -86,6 +106,50 @@ class GRPOConfig(TrainingArguments):
     failure_threshold: float = field(default=0.5, metadata={"help": "Stop the run when more than this share of trajectories fails for failure_patience generation steps in a row (1 disables)."})
     failure_patience: int = field(default=3, metadata={"help": "Consecutive bad generation steps (failed share over failure_threshold, or a reward raising on every sample) before the run stops."})
     plots: bool = field(default=True, metadata={"help": "Write reward/length PNGs to OUTPUT_DIR/plots at the end."})
+    log_completions: bool = field(default=False, metadata={"help": "Append every generation's prompts, completions, rewards and advantages to OUTPUT_DIR/completions.jsonl and print a sample."})
+    num_completions_to_print: int | None = field(default=None, metadata={"help": "How many completions to print per logged generation (None: all of them, as in TRL)."})
+    log_multimodal: bool = field(default=True, metadata={"help": "TRL's image logging switch; rlcore trains text only, so there is never an image to log."})
+
+    # --- TRL's vLLM options, mapped onto rlcore's samplers (see docs/porting-trl.md) ---------------
+    use_vllm: bool = field(default=False, metadata={"help": "Generate with vLLM: sampler='vllm' (colocate) or 'openai' (server)."})
+    vllm_mode: str = field(default="colocate", metadata={"help": "colocate (in-process vllm sampler) or server (openai sampler at the vLLM server)."})
+    vllm_server_base_url: str | None = field(default=None, metadata={"help": "Base URL of the vLLM server (server mode)."})
+    vllm_server_host: str = field(default="0.0.0.0", metadata={"help": "vLLM server host when no base URL is given."})
+    vllm_server_port: int = field(default=8000, metadata={"help": "vLLM server port when no base URL is given."})
+    vllm_server_timeout: float = field(default=240.0, metadata={"help": "Seconds to wait for the vLLM server."})
+    vllm_gpu_memory_utilization: float = field(default=0.3, metadata={"help": "vLLM's GPU memory share (colocate)."})
+    vllm_max_model_length: int | None = field(default=None, metadata={"help": "vLLM's max_model_len (colocate)."})
+    vllm_tensor_parallel_size: int = field(default=1, metadata={"help": "vLLM tensor parallel size (colocate)."})
+    vllm_enable_sleep_mode: bool = field(default=False, metadata={"help": "Let colocated vLLM release GPU memory during training."})
+    vllm_importance_sampling_correction: bool = field(default=True, metadata={"help": "With use_vllm: correct for sampler/trainer mismatch (sets is_correction)."})
+    vllm_importance_sampling_mode: str = field(default="sequence_mask", metadata={"help": "is_correction mode used with use_vllm."})
+    vllm_importance_sampling_clip_max: float | None = field(default=3.0, metadata={"help": "is_threshold used with use_vllm."})
+    vllm_importance_sampling_clip_min: float | None = field(default=None, metadata={"help": "is_min_threshold used with use_vllm."})
+    vllm_importance_sampling_cap: float | None = field(default=None, metadata={"help": "Deprecated in TRL: vllm_importance_sampling_clip_max."})
+    max_tool_calling_iterations: int | None = field(default=None, metadata={"help": "With tools: most tool rounds per trajectory (max_turns = this + 1)."})
+
+    # --- TRL options rlcore refuses unless left at TRL's default (rlcore.training.trl_fields) ----
+    router_aux_loss_coef: float | None = field(default=None, metadata={"help": "Not supported (TRL MoE option)."})
+    cast_lm_head_to_fp32: bool = field(default=False, metadata={"help": "Not supported."})
+    ds3_gather_for_generation: bool = field(default=True, metadata={"help": "Not supported (DeepSpeed ZeRO-3 generation)."})
+    pad_to_multiple_of: str | None = field(default="auto", metadata={"help": "Not supported."})
+    chat_template_kwargs: dict | None = field(default=None, metadata={"help": "Not supported: edit the tokenizer's chat template."})
+    cache_implementation: str | None = field(default=None, metadata={"help": "Not supported."})
+    vllm_model_impl: str = field(default="vllm", metadata={"help": "Not supported: sampler_options engine_args."})
+    vllm_structured_outputs_regex: str | None = field(default=None, metadata={"help": "Not supported."})
+    vllm_group_port: int = field(default=51216, metadata={"help": "Not supported: rlcore's own weight sync."})
+    use_adaptive_entropy: bool = field(default=False, metadata={"help": "Not supported."})
+    entropy_coef_min: float = field(default=0.0, metadata={"help": "Not supported (adaptive entropy)."})
+    entropy_coef_max: float = field(default=1.0, metadata={"help": "Not supported (adaptive entropy)."})
+    entropy_coef_delta: float = field(default=0.005, metadata={"help": "Not supported (adaptive entropy)."})
+    entropy_target: float = field(default=0.2, metadata={"help": "Not supported (adaptive entropy)."})
+    off_policy_mask_threshold: float | None = field(default=None, metadata={"help": "Not supported: is_correction='sequence_mask'."})
+    multi_objective_aggregation: str = field(default="sum_then_normalize", metadata={"help": "Only sum_then_normalize."})
+    log_unique_prompts: bool = field(default=False, metadata={"help": "Not supported."})
+    log_completions_hub_repo: str | None = field(default=None, metadata={"help": "Not supported (no network)."})
+    use_transformers_continuous_batching: bool = field(default=False, metadata={"help": "Not supported: sampler='vllm'."})
+    transformers_continuous_batching_config: dict | None = field(default=None, metadata={"help": "Not supported."})
+    use_transformers_paged: bool = field(default=False, metadata={"help": "Not supported: sampler='vllm'."})
 
     # --- LoRA -----------------------------------------------------------------------------------------
     use_peft: bool = field(default=False, metadata={"help": "Train LoRA adapters instead of all weights."})
@@ -95,33 +159,89 @@ class GRPOConfig(TrainingArguments):
     lora_target_modules: list[str] | None = field(default=None, metadata={"help": "Modules to adapt (default: all linear layers)."})
 
     def __post_init__(self) -> None:
-        for name in _DICT_FIELDS:
+        for name in _DICT_FIELDS + ("model_init_kwargs", "generation_kwargs"):
             value = getattr(self, name)
             if isinstance(value, str):
                 try:
                     value = json.loads(value) if value.strip() else {}
                 except json.JSONDecodeError as exc:
                     raise ConfigError(f"{name} must be a JSON object, got {value!r} ({exc.msg})") from None
-            if value is None:
+            if value is None and name in _DICT_FIELDS:
                 value = {}
-            if not isinstance(value, dict):
+            if value is not None and not isinstance(value, dict):
                 raise ConfigError(f"{name} must be a JSON object, got {type(value).__name__}")
             setattr(self, name, value)
+        check_refused(self)
         if self.generation_batch_size is not None and self.steps_per_generation is not None:
             raise ConfigError("set generation_batch_size or steps_per_generation, not both")
+        if self.bf16 is None:  # TRL: on unless fp16; rlcore: only where a GPU supports it (the CPU demo stays fp32)
+            self.bf16 = (not self.fp16) and _cuda_bf16()
+        if isinstance(self.scale_rewards, str) and self.scale_rewards.lower() in ("true", "false"):  # from a CLI
+            self.scale_rewards = self.scale_rewards.lower() == "true"
+        self.scale_rewards = {True: "group", False: "none"}.get(self.scale_rewards, self.scale_rewards)
+        if self.min_p is None:
+            self.min_p = 0.0
+        if self.vllm_importance_sampling_cap is not None:
+            warnings.warn("vllm_importance_sampling_cap is deprecated (as in TRL): use vllm_importance_sampling_clip_max",
+                          FutureWarning, stacklevel=3)
+            self.vllm_importance_sampling_clip_max = self.vllm_importance_sampling_cap
+        self._map_vllm()
         super().__post_init__()
-        window = self.per_device_train_batch_size * self.gradient_accumulation_steps * max(1, self.world_size)
+        if self.auto_find_batch_size:
+            raise ConfigError("auto_find_batch_size cannot keep whole groups of num_generations; lower per_device_train_batch_size instead")
+        # TRL 1.16's generation-batch arithmetic: counts in micro-steps of per_device_train_batch_size × processes
+        global_micro = self.per_device_train_batch_size * max(1, self.world_size)
         if self.generation_batch_size is None:
-            self.steps_per_generation = self.steps_per_generation or 1
-            self.generation_batch_size = window * self.steps_per_generation
+            if self.steps_per_generation is not None and self.gradient_accumulation_steps > 1:
+                warnings.warn(
+                    "steps_per_generation counts micro-steps, as in TRL (one generation batch = per_device_train_batch_size"
+                    f" × processes × steps_per_generation = {global_micro * self.steps_per_generation}); before rlcore 0.2 it"
+                    " counted optimizer steps (× gradient_accumulation_steps)", FutureWarning, stacklevel=3)
+            self.steps_per_generation = self.steps_per_generation or self.gradient_accumulation_steps
+            self.generation_batch_size = global_micro * self.steps_per_generation
         else:
-            if self.generation_batch_size % window:
+            if self.generation_batch_size % global_micro:
                 raise ConfigError(
                     f"generation_batch_size={self.generation_batch_size} must be a multiple of per_device_train_batch_size"
-                    f" × gradient_accumulation_steps × processes = {window}"
+                    f" × processes = {global_micro}"
                 )
-            self.steps_per_generation = self.generation_batch_size // window
+            self.steps_per_generation = self.generation_batch_size // global_micro
+        if self.do_eval and str(getattr(self.eval_strategy, "value", self.eval_strategy)) != "no":
+            n_eval = self.num_generations_eval or self.num_generations
+            if (self.per_device_eval_batch_size * max(1, self.world_size)) % n_eval:
+                raise ConfigError(
+                    f"per_device_eval_batch_size × processes = {self.per_device_eval_batch_size * max(1, self.world_size)}"
+                    f" must be a multiple of the eval group size {n_eval} (num_generations_eval or num_generations)"
+                )
         check_values(self)
+
+    def _map_vllm(self) -> None:
+        """TRL's ``use_vllm``/``vllm_*`` options onto rlcore's samplers: colocate → the in-process
+        ``vllm`` sampler, server → the ``openai`` sampler pointed at the server; TRL's default vLLM
+        importance-sampling correction becomes ``is_correction``."""
+        if not self.use_vllm:
+            return
+        if self.vllm_mode not in ("colocate", "server"):
+            raise ConfigError(f"vllm_mode={self.vllm_mode!r} is not colocate or server")
+        wanted = "vllm" if self.vllm_mode == "colocate" else "openai"
+        if self.sampler not in ("hf", wanted):
+            raise ConfigError(f"use_vllm=True (vllm_mode={self.vllm_mode}) conflicts with sampler={self.sampler!r}; set one of them")
+        self.sampler = wanted
+        opts = self.sampler_options
+        if wanted == "vllm":
+            opts.setdefault("gpu_memory_utilization", self.vllm_gpu_memory_utilization)
+            opts.setdefault("tensor_parallel_size", self.vllm_tensor_parallel_size)
+            opts.setdefault("enable_sleep_mode", self.vllm_enable_sleep_mode)
+            if self.vllm_max_model_length is not None:
+                opts.setdefault("max_model_len", self.vllm_max_model_length)
+        else:
+            opts.setdefault("base_url", self.vllm_server_base_url or f"http://{self.vllm_server_host}:{self.vllm_server_port}")
+            opts.setdefault("timeout", self.vllm_server_timeout)
+        if self.vllm_importance_sampling_correction and self.is_correction is None:
+            self.is_correction = self.vllm_importance_sampling_mode
+            if self.vllm_importance_sampling_clip_max is not None:
+                self.is_threshold = self.vllm_importance_sampling_clip_max
+            self.is_min_threshold = self.vllm_importance_sampling_clip_min
 
     @property
     def prompts_per_generation(self) -> int:
@@ -129,10 +249,18 @@ class GRPOConfig(TrainingArguments):
 
     @property
     def effective_loss_type(self) -> str:
-        """``grpo`` with sequence-level importance sampling is GSPO."""
-        if self.importance_sampling_level == "sequence" and self.loss_type == "grpo":
-            return "gspo"
+        """The loss plugin to use. Every loss honours ``importance_sampling_level`` itself (as in
+        TRL), so this is ``loss_type``; kept for code written against earlier rlcore."""
         return self.loss_type
+
+
+def _cuda_bf16() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    except Exception:  # noqa: BLE001 - no usable CUDA means no bf16 default
+        return False
 
 
 def check_values(cfg: GRPOConfig) -> None:
@@ -142,12 +270,16 @@ def check_values(cfg: GRPOConfig) -> None:
     if cfg.generation_batch_size % cfg.num_generations:
         raise ConfigError(
             f"generation batch of {cfg.generation_batch_size} trajectories (per_device_train_batch_size × "
-            f"gradient_accumulation_steps × steps_per_generation) is not a multiple of num_generations={cfg.num_generations}"
+            f"processes × steps_per_generation) is not a multiple of num_generations={cfg.num_generations}"
         )
     if cfg.scale_rewards not in SCALE_REWARDS:
         raise ConfigError(f"scale_rewards={cfg.scale_rewards!r} is not one of {', '.join(SCALE_REWARDS)}")
     if cfg.is_correction is not None and cfg.is_correction not in IS_MODES:
         raise ConfigError(f"is_correction={cfg.is_correction!r} is not one of {', '.join(IS_MODES)}")
+    if not 0.0 < cfg.top_entropy_quantile <= 1.0:
+        raise ConfigError(f"top_entropy_quantile must be in (0, 1], got {cfg.top_entropy_quantile}")
+    if cfg.num_generations_eval is not None and cfg.num_generations_eval < 1:
+        raise ConfigError(f"num_generations_eval must be at least 1, got {cfg.num_generations_eval}")
     if cfg.importance_sampling_level not in ("token", "sequence"):
         raise ConfigError(f"importance_sampling_level={cfg.importance_sampling_level!r} is not token or sequence")
     for name in ("max_completion_length", "num_iterations", "rollout_concurrency", "logprob_chunk_size"):

@@ -10,6 +10,7 @@ first observation themselves at reset.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from typing import Any, Iterable
 
 from ..errors import DatasetError
@@ -29,7 +30,10 @@ def check_columns(rows: list[dict[str, Any]], prompt_column: str | None = None, 
     if not isinstance(first, dict):
         raise DatasetError(f"{source}: row 0 is a {type(first).__name__}, expected an object with columns")
     env_only = prompt_column is None and "env_config" in first and not any(c in first for c in _PROMPT_COLUMNS)
-    for index, row in enumerate(rows):
+    # a lazy sequence (rows a dataset source generates when read) is checked by its first row: checking
+    # all would generate them all; each later row is still checked when a step draws it (make_prompt)
+    checked = rows if isinstance(rows, (list, tuple)) else rows[:1]
+    for index, row in enumerate(checked):
         if env_only:
             if not isinstance(row, dict):
                 raise DatasetError(f"{source}: row {index} is a {type(row).__name__}, expected an object with columns")
@@ -115,10 +119,14 @@ class PromptCursor:
         self._order = self._make_order()
 
 
-def as_rows(dataset: Any) -> list[dict[str, Any]]:
-    """A list of dicts from a list, a ``datasets.Dataset`` or any iterable of mappings."""
+def as_rows(dataset: Any) -> Sequence[dict[str, Any]]:
+    """A list of dicts from a list, a ``datasets.Dataset`` or any iterable of mappings. A lazy
+    sequence of rows (a dataset source that generates rows when read) is kept as it is, so a
+    step generates only the rows it draws."""
     if dataset is None:
         return []
+    if isinstance(dataset, Sequence) and not isinstance(dataset, (list, tuple, str, bytes)):
+        return dataset
     return [_row(i, r) for i, r in enumerate(dataset if isinstance(dataset, list) else _iter(dataset))]
 
 

@@ -47,6 +47,7 @@ def rollout_metrics(trajectories: Sequence[Any], columns: dict[str, list[float |
         "truncated_trajectories": float(sum(1 for t in trajectories if t.status == "truncated")),
         "sampled_tokens": float(sum(sampled)),
     }
+    out.update(episode_metrics(trajectories))
     timeouts = [t.infos.get("tool_timeouts") for t in trajectories if t.infos.get("tool_timeouts") is not None]
     if timeouts:  # tool calls stopped at their deadline (tool_scheduler)
         out["tool_timeouts"] = float(sum(timeouts))
@@ -74,10 +75,41 @@ def trl_rollout_metrics(trajectories: Sequence[Any], columns: dict[str, list[flo
         "completions/max_terminated_length": max(terminated),
         "frac_reward_zero_std": zero_std_frac,
     }
+    if any("tool_calls" in t.infos for t in trajectories) or any(t.infos.get("tools") for t in trajectories):
+        calls = sum(int(t.infos.get("tool_calls", 0)) for t in trajectories)
+        errors = sum(int(t.infos.get("tool_errors", 0)) for t in trajectories)
+        out["tools/call_frequency"] = calls / len(trajectories)
+        out["tools/failure_frequency"] = errors / calls if calls else 0.0
     for name, vals in columns.items():
         clean = [v if v is not None else float("nan") for v in vals]
         out[f"rewards/{name}/mean"] = _mean(clean)
         out[f"rewards/{name}/std"] = _std(clean)
+    return out
+
+
+def episode_metrics(trajectories: Sequence[Any]) -> dict[str, float]:
+    """How environment episodes went (only for batches from env schedulers, which record
+    ``env_steps``): env steps taken, and what ended each episode — the env (``done``), the turn limit,
+    a reply cut by length, or a failure — plus the share of assistant turns that ended by ``stop``."""
+    if not any("env_steps" in t.infos for t in trajectories):
+        return {}
+    n = len(trajectories)
+    ended = {"env_done": 0, "max_turns": 0, "length": 0, "failed": 0}
+    for t in trajectories:
+        if t.status == "failed":
+            ended["failed"] += 1
+        elif t.infos.get("env_done"):
+            ended["env_done"] += 1
+        elif t.infos.get("ended_by") in ended:
+            ended[t.infos["ended_by"]] += 1
+        elif t.status == "truncated":
+            ended["length"] += 1
+        else:
+            ended["max_turns"] += 1
+    sampled = [turn for t in trajectories for turn in t.turns if turn.loss_mask and turn.loss_mask[0] == 1]
+    out = {"env_steps": float(sum(int(t.infos.get("env_steps", 0) or 0) for t in trajectories))}
+    out.update({f"episodes_ended/{k}": v / n for k, v in ended.items()})
+    out["turns_ended_by_stop"] = sum(1 for turn in sampled if turn.finish_reason == "stop") / len(sampled) if sampled else 0.0
     return out
 
 

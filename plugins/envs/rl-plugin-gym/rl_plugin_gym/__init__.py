@@ -19,6 +19,8 @@ def register_envs(register: Callable[..., None]) -> None:
              description="any gymnasium.make id as text (gym_id option); gymnasium ids also work as env names")
     register("guess_number", "rl_plugin_gym.guess_number:GuessNumberEnv",
              description="find a secret number with higher/lower feedback")
+    register("frozen_lake", "rl_plugin_gym.presets:frozen_lake",
+             description="FrozenLake-v1 on firm ice with progress shaping (gym_scheduler's default)")
     register("arithmetic_chain", "rl_plugin_gym.arithmetic_chain:ArithmeticChainEnv",
              description="keep a running total through a chain of small operations")
 

@@ -23,6 +23,10 @@ from .text_format import AnsiFormat, GameFormat, ReprFormat, observation_text
 from .toy_text import FORMATS
 
 
+#: values of the ``reward_shaping`` option
+SHAPING = (None, "progress")
+
+
 def resolve_gym_id(gym_id: str) -> str:
     """``gym_id`` itself, or the newest version of that game when gymnasium retired the asked one
     (``Taxi-v3`` runs ``Taxi-v4`` on gymnasium >= 1.3, whose defaults behave the same)."""
@@ -70,8 +74,16 @@ class GymnasiumEnv(Env):
 
     Options: ``gym_id`` (required), ``seed``, ``formatter`` (``"auto"``, ``"ansi"``, ``"repr"`` or a
     :class:`GameFormat`), ``action_names``, ``invalid_action`` (``"retry"``/``"fail"``),
-    ``invalid_penalty``, ``max_invalid_actions``, ``system_message`` (replaces the formatter's), and
-    ``make_kwargs``; any other keyword goes to ``gymnasium.make`` too (``is_slippery=False``).
+    ``invalid_penalty``, ``max_invalid_actions``, ``system_message`` (replaces the formatter's),
+    ``reward_shaping`` (``None`` or ``"progress"``, below) and ``make_kwargs``; any other keyword goes
+    to ``gymnasium.make`` too (``is_slippery=False``).
+
+    ``reward_shaping="progress"`` adds potential-based shaping (Ng, Harada & Russell, 1999) to each
+    step's reward: ``Φ(s') − Φ(s)`` with ``Φ`` = minus the distance to the goal as a share of the
+    largest (the formatter's :meth:`~rl_plugin_gym.text_format.GameFormat.potential`). The shaping
+    telescopes, so an episode's shaped return is the env's return plus how much closer to the goal
+    it ended than it started — a dense signal that does not change what the best policy is when
+    episodes end at the goal. ``info["env_reward"]`` keeps the env's own reward.
     """
 
     name = "gymnasium"
@@ -87,6 +99,7 @@ class GymnasiumEnv(Env):
         invalid_penalty: float = -0.1,
         max_invalid_actions: int | None = 3,
         system_message: str | None = None,
+        reward_shaping: str | None = None,
         make_kwargs: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
@@ -106,6 +119,14 @@ class GymnasiumEnv(Env):
         self.aliases = {} if action_names else dict(self.format.aliases or (known.aliases if known else {}))
         self.policy = InvalidActionPolicy(invalid_action, invalid_penalty, max_invalid_actions)
         self.system_override = system_message
+        if reward_shaping not in SHAPING:
+            raise ConfigError(f"reward_shaping={reward_shaping!r} is unknown; use one of: {', '.join(map(str, SHAPING))}")
+        if reward_shaping and type(self.format).potential is GameFormat.potential:
+            raise ConfigError(
+                f"reward_shaping={reward_shaping!r} needs a distance to the goal, which the {self.gym_id} formatter "
+                "does not define; progress shaping supports FrozenLake and CliffWalking"
+            )
+        self.reward_shaping = reward_shaping
         self.env: Any = None
         self.parser: Any = None
         self.last_obs: Any = None
@@ -171,16 +192,22 @@ class GymnasiumEnv(Env):
             return obs, reward, done, info
         self.policy.valid()
         name = self.parser.name_of(parsed)
+        before = self.last_obs
         obs, reward, terminated, truncated, _info = self.env.step(parsed)
         self.last_obs = obs
         text = self.format.outcome(name, float(reward), bool(terminated), bool(truncated), obs, self.env)
-        info = {
+        info: dict[str, Any] = {
             "action": name,
             "terminated": bool(terminated),
             "truncated": bool(truncated),
             "state": observation_text(obs),
         }
-        return text, float(reward), bool(terminated or truncated), info
+        total = float(reward)
+        if self.reward_shaping == "progress":
+            shaping = float(self.format.potential(obs, self.env)) - float(self.format.potential(before, self.env))
+            info.update(env_reward=float(reward), shaping=shaping)
+            total += shaping
+        return text, total, bool(terminated or truncated), info
 
     async def step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
         return await asyncio.to_thread(self._step_sync, action)

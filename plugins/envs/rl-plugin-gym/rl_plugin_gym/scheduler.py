@@ -44,6 +44,13 @@ class GymScheduler(EnvScheduler):
         if env:
             env_factory(env)  # a typo in --env is a one-line error now, not a batch of failed trajectories
 
+    @staticmethod
+    def default_task() -> Any:
+        """The embedded default when no dataset is given (:mod:`rl_plugin_gym.default_task`)."""
+        from .default_task import gym_task
+
+        return gym_task()
+
     def make_env(self, trajectory: Any) -> Env:
         config = env_config(trajectory)
         name = config.get("name") or self.env

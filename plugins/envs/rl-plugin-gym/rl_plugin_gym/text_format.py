@@ -36,6 +36,11 @@ class GameFormat:
         """The state, in words."""
         raise NotImplementedError
 
+    def potential(self, obs: Any, env: Any) -> float | None:
+        """How close ``obs`` is to the goal, for progress shaping: 0 at the goal, -1 at the farthest
+        state (``None``: this game has no notion of distance, so no shaping)."""
+        return None
+
     def outcome(self, action: str, reward: float, terminated: bool, truncated: bool, obs: Any, env: Any) -> str:
         """What the last step did, followed by the new state."""
         lines = [f"You chose {action}. Reward: {reward:g}."]

@@ -26,8 +26,14 @@ def _pos(r: int, c: int) -> str:
 
 
 class FrozenLakeFormat(GameFormat):
+    """``show_map=False`` leaves the map out of each state (position, goal and the four neighbours
+    are enough to play): a third of the tokens per turn, which is what a long episode costs."""
+
     action_names = ("LEFT", "DOWN", "RIGHT", "UP")
     aliases = {"WEST": "LEFT", "SOUTH": "DOWN", "EAST": "RIGHT", "NORTH": "UP"}
+
+    def __init__(self, show_map: bool = True) -> None:
+        self.show_map = show_map
 
     def _map(self, env: Any) -> list[list[str]]:
         return [[ch.decode() if isinstance(ch, bytes) else str(ch) for ch in row] for row in env.unwrapped.desc]
@@ -54,10 +60,17 @@ class FrozenLakeFormat(GameFormat):
                 around.append(f"{move} is {_CELL[grid[rr][cc]]}")
             else:
                 around.append(f"{move} is the edge of the lake")
-        return (
-            f"You are at {_pos(r, c)}. The goal is at {_pos(*goal)}. Around you: {'; '.join(around)}.\n"
-            f"Map (P = you, F = ice, H = hole, G = goal, S = start):\n{_grid_lines(grid, (r, c))}"
-        )
+        state = f"You are at {_pos(r, c)}. The goal is at {_pos(*goal)}. Around you: {'; '.join(around)}."
+        if not self.show_map:
+            return state
+        return f"{state}\nMap (P = you, F = ice, H = hole, G = goal, S = start):\n{_grid_lines(grid, (r, c))}"
+
+    def potential(self, obs: Any, env: Any) -> float | None:
+        """Minus the grid distance to the goal, as a share of the farthest a cell can be from it."""
+        grid = self._map(env)
+        r, c = divmod(int(obs), len(grid[0]))
+        goal = next((i, j) for i, row in enumerate(grid) for j, ch in enumerate(row) if ch == "G")
+        return -_share(abs(goal[0] - r) + abs(goal[1] - c), len(grid), len(grid[0]), goal)
 
     def outcome(self, action: str, reward: float, terminated: bool, truncated: bool, obs: Any, env: Any) -> str:
         grid = self._map(env)
@@ -71,6 +84,12 @@ class FrozenLakeFormat(GameFormat):
         if truncated:
             return f"You {verb} {action}. Out of time: the game is over."
         return f"You {verb} {action}.\n{self.describe(obs, env)}"
+
+
+def _share(distance: int, nrow: int, ncol: int, goal: tuple[int, int]) -> float:
+    """``distance`` over the largest grid distance any cell has from ``goal``."""
+    farthest = max(goal[0], nrow - 1 - goal[0]) + max(goal[1], ncol - 1 - goal[1])
+    return distance / farthest if farthest else 0.0
 
 
 def _is_slippery(env: Any) -> bool:
@@ -195,6 +214,12 @@ class CliffWalkingFormat(GameFormat):
             f"if the way were clear.{warn}\n"
             f"Map (P = you, S = start, C = cliff, G = goal):\n{_grid_lines(rows, (r, c))}"
         )
+
+    def potential(self, obs: Any, env: Any) -> float | None:
+        """Minus the grid distance to the goal (bottom right), as a share of the farthest cell's."""
+        nrow, ncol = env.unwrapped.shape
+        r, c = divmod(int(obs), ncol)
+        return -_share(abs(nrow - 1 - r) + abs(ncol - 1 - c), nrow, ncol, (nrow - 1, ncol - 1))
 
     def outcome(self, action: str, reward: float, terminated: bool, truncated: bool, obs: Any, env: Any) -> str:
         if terminated:

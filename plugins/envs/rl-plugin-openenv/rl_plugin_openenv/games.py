@@ -6,6 +6,8 @@ Action/Observation, ``create_app``, the ``/ws`` session endpoint) without downlo
 ends the episode with reward 1.0. Its action accepts either ``{"guess": 42}`` or free text
 ``{"message": "I think 42"}`` (the first integer in the text counts), so both JSON and plain-text
 model output are valid actions, while ``{"guess": "abc"}`` is a real validation error.
+``reset(reply="number")`` asks for a bare number instead of JSON (the embedded default does, so a
+turn can end at the first whitespace).
 """
 
 from __future__ import annotations
@@ -51,17 +53,27 @@ class GuessState(State):
     max_attempts: int = 8
     won: bool = False
     shaped: bool = False
+    best: Optional[int] = None
 
 
 _INT = re.compile(r"-?\d+")
+
+#: how the first observation asks for a guess (``reset(reply=...)``)
+REPLY_FORMATS = {
+    "json": 'Reply with JSON like {{"guess": {example}}}.',
+    "number": "Reply with just your guess, a whole number like {example}.",
+}
 
 
 class GuessNumberEnvironment(Environment[GuessAction, GuessObservation, GuessState]):
     """Guess a hidden integer in ``[low, high]`` within ``max_attempts``; feedback says higher/lower.
 
-    Reward: 1.0 for the winning guess, 0.0 otherwise; with ``reset(shaped=True)`` a wrong guess inside
-    the range earns ``0.1 × closeness`` (1 − distance / range width). ``step_delay`` (seconds, awaited, not slept)
-    simulates a slow environment for the overlap benchmark without tying up server threads.
+    Reward: 1.0 for the winning guess, 0.0 otherwise. With ``reset(shaped=True)`` the reward is dense:
+    a wrong guess inside the range earns ``0.05`` for being a valid guess plus ``0.05 × closeness``
+    (1 − distance / range width) — and the closeness part only when the guess is closer than every
+    earlier one, so repeating a good guess earns little and using the higher/lower feedback pays.
+    With fewer than 10 guesses an episode's shaped return stays below what one win gives. ``step_delay`` (seconds, awaited,
+    not slept) simulates a slow environment for the overlap benchmark without tying up server threads.
     """
 
     SUPPORTS_CONCURRENT_SESSIONS = True
@@ -92,10 +104,13 @@ class GuessNumberEnvironment(Environment[GuessAction, GuessObservation, GuessSta
         max_attempts: int = 8,
         target: Optional[int] = None,
         shaped: bool = False,
+        reply: str = "json",
         **kwargs: Any,
     ) -> GuessObservation:
         if high < low:
             raise ValueError(f"high ({high}) must be >= low ({low})")
+        if reply not in REPLY_FORMATS:
+            raise ValueError(f"reply must be one of {', '.join(REPLY_FORMATS)}, got {reply!r}")
         rng = random.Random(seed)
         chosen = int(target) if target is not None else rng.randint(low, high)
         self._state = GuessState(
@@ -110,7 +125,7 @@ class GuessNumberEnvironment(Environment[GuessAction, GuessObservation, GuessSta
         return GuessObservation(
             text=(
                 f"I am thinking of a number between {low} and {high}. You have {max_attempts} guesses. "
-                'Reply with JSON like {"guess": 50}.'
+                + REPLY_FORMATS[reply].format(example=(low + high) // 2)
             ),
             low=low,
             high=high,
@@ -142,8 +157,11 @@ class GuessNumberEnvironment(Environment[GuessAction, GuessObservation, GuessSta
             text = f"{guess} is outside {st.low}..{st.high}."
         else:
             text = f"{guess} is too {'low' if guess < st.target else 'high'}."
-            if st.shaped:  # partial credit for closeness: a dense signal for weak (or random) policies
-                reward = 0.1 * (1.0 - abs(guess - st.target) / max(1, st.high - st.low))
+            if st.shaped:  # dense signal: a valid guess, and a guess closer than any before it
+                distance = abs(guess - st.target)
+                closer = st.best is None or distance < st.best
+                st.best = distance if closer else st.best
+                reward = 0.05 + (0.05 * (1.0 - distance / max(1, st.high - st.low)) if closer else 0.0)
         done = left <= 0
         if done:
             text += f" No guesses left; the number was {st.target}."

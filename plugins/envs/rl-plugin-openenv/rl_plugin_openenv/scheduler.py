@@ -43,10 +43,10 @@ class OpenEnvScheduler(EnvScheduler):
     ``reset_kwargs`` (dict), ``max_concurrent_envs`` (sessions per server; None = ask the server),
     ``call_timeout`` / ``connect_timeout`` (seconds per call / per connect), ``max_retries``
     (extra attempts to open a session), ``invalid_action`` ("observe" or "fail"),
-    ``stop_on_truncation`` (end the episode when a reply hits ``max_tokens``; default True),
     ``allowed_env_urls`` (comma-separated servers a row's ``env_config.base_url`` may name besides
     ``env_url``; any other fails that trajectory) or ``allow_any_env_url`` (trust every row's URL),
-    and the :class:`~rlcore.rollout.EnvScheduler` ones (``max_turns``, ``env_timeout``).
+    and the :class:`~rlcore.rollout.EnvScheduler` ones (``max_turns``, ``env_timeout``, ``stop``,
+    ``stop_on_truncation``).
     """
 
     name = "openenv_scheduler"
@@ -64,7 +64,6 @@ class OpenEnvScheduler(EnvScheduler):
         max_retries: int = 5,
         invalid_action: str = "observe",
         env_timeout: float | None = 300.0,
-        stop_on_truncation: bool = True,
         allowed_env_urls: str | list[str] | None = None,
         allow_any_env_url: bool = False,
         **kwargs: Any,
@@ -76,7 +75,6 @@ class OpenEnvScheduler(EnvScheduler):
             raise ConfigError(f"max_concurrent_envs must be >= 1, got {max_concurrent_envs}")
         self.max_sessions = int(max_concurrent_envs) if max_concurrent_envs else None
         self.invalid_action = invalid_action
-        self.stop_on_truncation = bool(stop_on_truncation)
         self.defaults: dict[str, Any] = {
             "base_url": env_url,
             "system_message": system_message,
@@ -93,6 +91,13 @@ class OpenEnvScheduler(EnvScheduler):
         self.stats = ClientStats()
         self._limiters: dict[str, SessionLimiter] = {}
         self._sizing: dict[str, asyncio.Future[SessionLimiter]] = {}
+
+    @staticmethod
+    def default_task() -> Any:
+        """The embedded default when no dataset is given (:mod:`rl_plugin_openenv.default_task`)."""
+        from .default_task import guess_number_task
+
+        return guess_number_task()
 
     # --- formats (override for another environment) ---------------------------------------------
     def parse_action(self, text: str) -> Any:
@@ -187,22 +192,15 @@ class OpenEnvScheduler(EnvScheduler):
                 return {"done": True}
             infer_request.infos["invalid_actions"] = infer_request.infos.get("invalid_actions", 0) + 1
             self._pending[infer_request.uuid] = self.format_rejection(exc)
-            return {"done": False, "reward": 0.0, "infos": {"env_steps": current_turn}}
+            return {"done": False, "reward": 0.0, "infos": {"env_steps": current_turn, "env_done": False}}
         except Exception as exc:  # noqa: BLE001 - fails this trajectory only
             infer_request.fail(_reason("step", exc, self.env_timeout))
             return {"done": True}
         self._pending[infer_request.uuid] = self.format_observation(observation)
-        infos: dict[str, Any] = {"env_steps": current_turn}
+        infos: dict[str, Any] = {"env_steps": current_turn, "env_done": bool(done)}
         if info:
             infos["env_info"] = info
         return {"done": bool(done), "reward": float(reward), "infos": infos}
-
-    def check_finished(self, infer_request: Trajectory, response_choice: Completion, current_turn: int) -> bool:
-        """Default rules; with ``stop_on_truncation=False`` a reply cut by ``max_tokens`` is still sent
-        to the environment and the episode goes on (the env judges the partial action)."""
-        if response_choice.finish_reason == "length" and not self.stop_on_truncation:
-            return current_turn >= self.max_turns
-        return super().check_finished(infer_request, response_choice, current_turn)
 
     def metrics(self) -> dict[str, float]:
         """Client counters since this scheduler was made (``openenv/sessions_opened`` …)."""

@@ -28,7 +28,7 @@ def test_train_steps_on_env_rewards(server, tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     main([
         "train", "--config", str(EXAMPLE), "--model", tiny_model_dir, "--dataset", str(rows),
-        "--env-url", server, "--stop-on-truncation", "false", "--max-turns", "3",
+        "--env-url", server, "--max-turns", "3",
         "--max-steps", "3", "--num-generations", "4", "--per-device-train-batch-size", "8",
         "--gradient-accumulation-steps", "1", "--max-completion-length", "6", "--learning-rate", "1e-3",
         "--bf16", "false", "--plots", "false", "--output-dir", str(out),

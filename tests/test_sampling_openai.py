@@ -17,7 +17,9 @@ from rlcore.testing.openai_server import OpenAICompatServer
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: str):
-    srv = OpenAICompatServer(HFSampler(tiny_model_dir, batch_window_ms=10)).start()
+    # a correctly started vLLM server: --logprobs-mode processed_logprobs (the tests below that need
+    # vLLM's defaults start their own)
+    srv = OpenAICompatServer(HFSampler(tiny_model_dir, batch_window_ms=10), logprobs_mode="processed_logprobs").start()
     yield srv
     srv.stop()
 
@@ -39,7 +41,7 @@ async def test_token_ids_and_logprobs_round_trip(server, client, prompt) -> None
     c = await client.generate(prompt, params)
     body = server.requests[-1]
     assert body["prompt"] == prompt and body["logprobs"] == 1 and body["return_tokens_as_token_ids"] is True
-    assert body["seed"] == 5 and body["max_tokens"] == 8 and "top_k" not in body
+    assert body["seed"] == 5 and body["max_tokens"] == 8
     assert client.model == "rlcore-tiny"  # discovered from /v1/models
     direct = await server.sampler.generate(prompt, params)  # same seed, same model, no HTTP
     assert c.token_ids == direct.token_ids and c.finish_reason == "length" == direct.finish_reason

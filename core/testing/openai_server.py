@@ -10,10 +10,26 @@ server that rlcore uses, in vLLM's response format:
   ``stop_token_ids``, ``min_tokens``, ``repetition_penalty``, ``logprobs``,
   ``return_tokens_as_token_ids`` (tokens come back as ``"token_id:123"``).
 - ``GET /v1/models``, ``GET /health``.
+- ``GET /v1/models``, ``GET /health``, ``GET /version``.
 - vLLM's dev-mode control endpoints (``VLLM_SERVER_DEV_MODE=1``): ``POST /collective_rpc``,
-  ``/reset_prefix_cache``, ``/sleep``, ``/wake_up``, ``GET /is_sleeping``. The one RPC method served
-  is the one rlcore's worker extension adds (:mod:`rlcore.sampling.vllm_worker`):
-  ``rlcore_load_weights_from_path``.
+  ``/reset_prefix_cache``, ``/sleep``, ``/wake_up``, ``GET /is_sleeping``, ``GET /server_info``. The
+  one RPC method served is the one rlcore's worker extension adds
+  (:mod:`rlcore.sampling.vllm_worker`): ``rlcore_load_weights_from_path``.
+
+It behaves like a real vLLM server of ``version`` where that matters to a client (each point read
+from that version's ``vllm/entrypoints/openai/api_server.py`` / ``entrypoints/serve/*`` and
+``completion/protocol.py``):
+
+- omitted sampling fields are filled from ``generation_config`` (vLLM's ``--generation-config
+  auto`` default: "user -> server default -> OpenAI default" in ``to_sampling_params``);
+- logprobs follow ``logprobs_mode`` (``raw_logprobs`` by default, as in vLLM) with that version's
+  order of processing (:func:`rlcore.testing.vllm_standin.token_logprobs`);
+- ``/collective_rpc`` is 404 before 0.10.2, ``/server_info?config_format=json`` exists from 0.11;
+- ``/reset_prefix_cache`` fails while requests run unless ``reset_running_requests=true`` (0.13+),
+  and says so with ``{"success": false}`` only from 0.33 (earlier: an empty 200);
+- ``/sleep`` aborts running requests (``mode=abort``, the default from 0.17) or waits for them
+  (``mode=wait``); a completion request while asleep queues until ``wake_up`` (up to ``hang_s``);
+- ``/collective_rpc`` while the weights sleep fails (vLLM would write to unmapped memory).
 
 Fault injection for tests: append HTTP status codes to ``server.faults`` and the next
 ``/v1/completions`` requests answer with them (one each) before normal service resumes.
@@ -29,9 +45,14 @@ import uuid
 from typing import Any
 
 from ..sampling.hf import HFSampler
+from .vllm_standin import token_logprobs
+from ..sampling.vllm_support import RAW, parse_version
 from ..types import SamplingParams
 
-RPC_LOAD_WEIGHTS = "rlcore_load_weights_from_path"
+RPC_LOAD_WEIGHTS = "rlcore_load_weights_from_path"  # the one method rlcore's worker extension adds
+#: vLLM's OpenAI defaults for fields neither the request nor the generation config set
+OPENAI_DEFAULTS = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+                   "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
 
 
 def _error(status: int, message: str, kind: str = "BadRequestError") -> Any:
@@ -78,26 +99,55 @@ def build_app(server: "OpenAICompatServer") -> Any:
         n = int(body.get("n") or 1)
         seed = body.get("seed")
         stop = body.get("stop") or []
+
+        def field(name: str) -> Any:  # user -> server default (generation_config) -> OpenAI default
+            value = body.get(name)
+            return value if value is not None else server.generation_config.get(name, OPENAI_DEFAULTS[name])
+
+        top_k = int(field("top_k"))
         params = SamplingParams(
             max_tokens=int(body.get("max_tokens") or 16),
-            temperature=float(body.get("temperature", 1.0)),
-            top_p=float(body.get("top_p", 1.0)),
-            top_k=int(body.get("top_k", -1) or -1),
-            min_p=float(body.get("min_p", 0.0)),
+            temperature=float(field("temperature")),
+            top_p=float(field("top_p")),
+            top_k=top_k if top_k > 0 else -1,
+            min_p=float(field("min_p")),
             stop=[stop] if isinstance(stop, str) else list(stop),
             stop_token_ids=list(body.get("stop_token_ids") or []),
             min_tokens=int(body.get("min_tokens", 0)),
-            repetition_penalty=float(body.get("repetition_penalty", 1.0)),
+            repetition_penalty=float(field("repetition_penalty")),
         )
+        server.effective.append({**{k: field(k) for k in OPENAI_DEFAULTS}, "min_tokens": params.min_tokens})
         from ..errors import SamplerError
 
+        if server.sleeping:  # a sleeping engine schedules nothing: the request waits for wake_up
+            try:
+                await asyncio.wait_for(server._awake.wait(), server.hang_s)
+            except asyncio.TimeoutError:
+                return _error(503, "request waited for a sleeping engine", "ServiceUnavailableError")
+        token = object()
+        server.running.add(token)
         try:
             outs = await asyncio.gather(*(
                 sampler.generate(p, params.replace(seed=None if seed is None else int(seed) + i))
                 for p in token_prompts for i in range(n)
             ))
+            stop_ids = list(params.stop_token_ids) + list(sampler.default_stop_token_ids)
+            lps = await asyncio.to_thread(lambda: [
+                token_logprobs(sampler.model, token_prompts[k // n], c.token_ids, params, server.logprobs_mode,
+                               server.version_tuple, stop_ids)
+                for k, c in enumerate(outs)
+            ])
+            for c, lp in zip(outs, lps):
+                c.logprobs = lp
         except SamplerError as exc:
             return _error(400, str(exc))
+        finally:
+            server.running.discard(token)
+            aborted = token in server.aborted
+            server.aborted.discard(token)
+        if aborted:
+            for c in outs:
+                c.finish_reason = "abort"
         as_ids = bool(body.get("return_tokens_as_token_ids"))
         want_logprobs = body.get("logprobs") is not None
         choices = []
@@ -131,12 +181,31 @@ def build_app(server: "OpenAICompatServer") -> Any:
                       "total_tokens": prompt_tokens + completion_tokens},
         }
 
+    def dev_only() -> Any:
+        return None if server.dev_mode else _error(404, "Not Found", "NotFoundError")
+
+    @app.get("/version")
+    async def version() -> Any:
+        return {"version": server.version}
+
+    @app.get("/server_info")
+    async def server_info(config_format: str = "text") -> Any:
+        if (err := dev_only()) is not None:
+            return err
+        if config_format == "json" and server.version_tuple >= (0, 11, 0):
+            return {"vllm_config": {"model_config": {"logprobs_mode": server.logprobs_mode, "model": server.model_name}}}
+        return {"vllm_config": f"model={server.model_name!r}, seed=0"}  # 0.10.x's str(VllmConfig) has no logprobs_mode
+
     @app.post("/collective_rpc")
     async def collective_rpc(request: Request) -> Any:
+        if (err := dev_only()) is not None or server.version_tuple < (0, 10, 2):
+            return err if err is not None else _error(404, "Not Found", "NotFoundError")
         body = await request.json()
         method = body.get("method")
         if method != RPC_LOAD_WEIGHTS:
             return _error(400, f"unknown collective_rpc method {method!r}")
+        if "weights" in server.sleeping:
+            return _error(500, "CUDA error: an illegal memory access was encountered", "InternalServerError")
         kwargs = body.get("kwargs") or {}
         from ..sampling.vllm_worker import read_weights
 
@@ -146,28 +215,52 @@ def build_app(server: "OpenAICompatServer") -> Any:
         except Exception as exc:  # noqa: BLE001 - reported to the client like vLLM does
             return _error(500, f"{type(exc).__name__}: {exc}", "InternalServerError")
         server.weight_syncs += 1
-        return {"results": [len(weights)]}
+        return {"results": [str(len(weights))]}  # vLLM str()s results that are not dict/list/None
 
     @app.post("/reset_prefix_cache")
-    async def reset_prefix_cache() -> Any:
-        server.prefix_cache_resets += 1
-        return {}
+    async def reset_prefix_cache(reset_running_requests: bool = False) -> Any:
+        if (err := dev_only()) is not None:
+            return err
+        can_preempt = reset_running_requests and server.version_tuple >= (0, 13, 0)
+        success = (not (server.running or server.busy) or can_preempt) and not server.kv_transfers_in_flight
+        if success:
+            server.prefix_cache_resets += 1
+        if server.version_tuple >= (0, 33, 0):
+            return {"success": success}
+        from fastapi.responses import Response
+
+        return Response(status_code=200)
 
     @app.post("/sleep")
-    async def sleep(level: int = 1) -> Any:
+    async def sleep(level: int = 1, mode: str = "abort") -> Any:
+        if (err := dev_only()) is not None:
+            return err
+        if mode == "wait" and server.version_tuple >= (0, 17, 0):
+            while server.running:
+                await asyncio.sleep(0.01)
+        else:
+            server.aborted |= server.running
         sampler.sleep(level)
-        server.sleeping = True
+        server.sleeping = {"weights", "kv_cache"}
+        server._awake.clear()
+        server.sleep_calls.append({"level": level, "mode": mode})
         return {}
 
     @app.post("/wake_up")
-    async def wake_up() -> Any:
-        sampler.wake_up()
-        server.sleeping = False
+    async def wake_up(request: Request) -> Any:
+        if (err := dev_only()) is not None:
+            return err
+        tags = request.query_params.getlist("tags") or ["weights", "kv_cache"]
+        server.wake_calls.append(tags)
+        server.sleeping -= set(tags)
+        if not server.sleeping:
+            sampler.wake_up()
+            server._awake.set()
         return {}
 
     @app.get("/is_sleeping")
     async def is_sleeping() -> Any:
-        return {"is_sleeping": server.sleeping}
+        return {"is_sleeping": bool(server.sleeping)}
 
     return app
 
@@ -178,16 +271,43 @@ class OpenAICompatServer:
     Use as a context manager or call :meth:`start` / :meth:`stop`. ``url`` is the base URL.
     """
 
-    def __init__(self, sampler: HFSampler | str, *, model_name: str = "rlcore-tiny", host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        sampler: HFSampler | str,
+        *,
+        model_name: str = "rlcore-tiny",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        version: str = "0.33.0",
+        logprobs_mode: str = RAW,
+        generation_config: dict[str, Any] | None = None,
+        dev_mode: bool = True,
+        hang_s: float = 30.0,
+    ) -> None:
         self.sampler = HFSampler(sampler, batch_window_ms=5) if isinstance(sampler, str) else sampler
         self.model_name = model_name
         self.host = host
         self.port = port
+        self.version = version
+        self.version_tuple = parse_version(version) or (0, 33, 0)
+        self.logprobs_mode = logprobs_mode
+        self.generation_config = dict(generation_config or {})
+        self.dev_mode = dev_mode
+        self.hang_s = hang_s
         self.faults: list[int] = []
         self.requests: list[dict[str, Any]] = []
+        self.effective: list[dict[str, Any]] = []  # the sampling fields each request ran with
         self.weight_syncs = 0
         self.prefix_cache_resets = 0
-        self.sleeping = False
+        self.busy = False  # True: another client's requests hold KV blocks
+        self.kv_transfers_in_flight = False  # True: blocks held by KV offload transfers (reset fails regardless)
+        self.running: set[Any] = set()
+        self.aborted: set[Any] = set()
+        self.sleeping: set[str] = set()
+        self.sleep_calls: list[dict[str, Any]] = []
+        self.wake_calls: list[list[str]] = []
+        self._awake = asyncio.Event()
+        self._awake.set()
         self._server: Any = None
         self._thread: threading.Thread | None = None
 

@@ -34,6 +34,31 @@ if TYPE_CHECKING:
     from .hf import HFSampler, _Request
 
 
+
+def prefill(sampler: Any, reqs: list[Any], dev: torch.device) -> tuple[Any, torch.Tensor, torch.Tensor, list[int]]:
+    """One left-padded forward over the prompts of ``reqs`` (both decode paths admit rows with it):
+    the model output (cache, last-position logits), the padded ids, the attention mask, the prompt lengths."""
+    lens = [len(r.prompt_ids) for r in reqs]
+    n, L = len(reqs), max(lens)
+    ids = torch.full((n, L), sampler.pad_token_id, dtype=torch.long)
+    attn = torch.zeros((n, L), dtype=torch.long)
+    for j, r in enumerate(reqs):
+        ids[j, L - lens[j]:] = torch.tensor(r.prompt_ids, dtype=torch.long)
+        attn[j, L - lens[j]:] = 1
+    ids, attn = ids.to(dev), attn.to(dev)
+    sampler.set_threads_for(int(attn.sum()))
+    out = sampler.model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp_(min=0),
+                        use_cache=True, logits_to_keep=1)
+    return out, ids, attn, lens
+
+
+def stop_checker(sampler: Any, params: Any, prompt_len: int) -> StopChecker:
+    """The stop rules of one request, its token budget cut to what the context window leaves."""
+    return StopChecker(
+        sampler.tokenizer, max_tokens=min(params.max_tokens, sampler.max_model_len - prompt_len),
+        stop_token_ids=params.stop_token_ids or sampler.default_stop_token_ids, stop=params.stop, min_tokens=params.min_tokens,
+    )
+
 def _can_merge(cache: Any) -> bool:
     """Only plain full-attention dynamic layers can be padded and concatenated safely."""
     from transformers.cache_utils import DynamicLayer
@@ -75,17 +100,8 @@ class Decoder:
         """Prefill requests ``indices`` and merge them into the running batch."""
         reqs = [self.handle.items[i][0] for i in indices]
         params = [r.params for r in reqs]
-        lens = [len(r.prompt_ids) for r in reqs]
-        n, L = len(reqs), max(lens)
-        ids = torch.full((n, L), self.s.pad_token_id, dtype=torch.long)
-        attn = torch.zeros((n, L), dtype=torch.long)
-        for j, r in enumerate(reqs):
-            ids[j, L - lens[j]:] = torch.tensor(r.prompt_ids, dtype=torch.long)
-            attn[j, L - lens[j]:] = 1
-        ids, attn = ids.to(self.dev), attn.to(self.dev)
-        self.s.set_threads_for(int(attn.sum()))
-        out = self.s.model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp_(min=0),
-                           use_cache=True, logits_to_keep=1)
+        n = len(reqs)
+        out, ids, attn, lens = prefill(self.s, reqs, self.dev)
         cache, logits = _cache_of(out), out.logits[:, -1, :]
         rows = row_tensors(params, self.vocab, self.dev)
         seen = stop_mask = None
@@ -93,10 +109,7 @@ class Decoder:
             seen = torch.zeros((n, self.vocab), dtype=torch.bool, device=self.dev)
             seen.scatter_(1, ids, attn.bool())
         for j, (i, r, p) in enumerate(zip(indices, reqs, params)):
-            self.checkers[i] = StopChecker(
-                self.s.tokenizer, max_tokens=min(p.max_tokens, self.s.max_model_len - lens[j]),
-                stop_token_ids=p.stop_token_ids or self.s.default_stop_token_ids, stop=p.stop, min_tokens=p.min_tokens,
-            )
+            self.checkers[i] = stop_checker(self.s, p, lens[j])
             self.seeds[i] = seed_words(p.seed if p.seed is not None else self.s.draw_seed())
             self.meta[i] = {"prompt_tokens": lens[j], "batch_size": len(self.active) + n, "joined_at_step": self.step}
         if any(p.min_tokens > 0 for p in params) or self.stop_mask is not None:

@@ -40,8 +40,8 @@ import torch.nn.functional as F
 
 from ..types import Completion
 from .batcher import BatchHandle
+from .hf_decode import prefill, stop_checker
 from .processing import counter_uniforms, needs_truncation, row_tensors, sample_step, seed_words
-from .stops import StopChecker
 
 if TYPE_CHECKING:
     from .hf import HFSampler, _Request
@@ -364,22 +364,12 @@ class StaticDecoder:
         """Prefill requests ``indices`` with the model's own attention and put them in free slots."""
         reqs = [self.handle.items[i][0] for i in indices]
         params = [r.params for r in reqs]
-        lens = [len(r.prompt_ids) for r in reqs]
-        n, L = len(reqs), max(lens)
-        ids = torch.full((n, L), self.s.pad_token_id, dtype=torch.long)
-        attn = torch.zeros((n, L), dtype=torch.long)
-        for j, r in enumerate(reqs):
-            ids[j, L - lens[j]:] = torch.tensor(r.prompt_ids, dtype=torch.long)
-            attn[j, L - lens[j]:] = 1
-        ids, attn = ids.to(self.dev), attn.to(self.dev)
-        self.s.set_threads_for(int(attn.sum()))
-        out = self.s.model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp_(min=0),
-                           use_cache=True, logits_to_keep=1)
+        n = len(reqs)
+        out, ids, attn, lens = prefill(self.s, reqs, self.dev)
         kv = _layer_kv(getattr(out, "cache", None) or getattr(out, "past_key_values", None))
         checkers = []
         for j, (i, p) in enumerate(zip(indices, params)):
-            c = StopChecker(self.s.tokenizer, max_tokens=min(p.max_tokens, self.s.max_model_len - lens[j]),
-                            stop_token_ids=p.stop_token_ids or self.s.default_stop_token_ids, stop=p.stop, min_tokens=p.min_tokens)
+            c = stop_checker(self.s, p, lens[j])
             checkers.append(c)
         need = max(lens[j] + checkers[j].max_tokens for j in range(n))
         first = len(self.live)

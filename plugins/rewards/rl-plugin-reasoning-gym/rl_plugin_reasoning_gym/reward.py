@@ -98,6 +98,9 @@ class ReasoningGymFormat(Reward):
     def score(self, completions: list[str]) -> list[float]:
         out = []
         for text in completions:
-            ok = self.pattern.fullmatch(text or "") is not None and all((text or "").count(t) == 1 for t in self.tags)
+            text = text or ""
+            # tag counts first (linear): with each tag exactly once the pattern cannot backtrack
+            # super-linearly, while a tag flood in hostile output would stall it
+            ok = all(text.count(t) == 1 for t in self.tags) and self.pattern.fullmatch(text) is not None
             out.append(1.0 if ok else 0.0)
         return out

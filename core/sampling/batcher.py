@@ -60,6 +60,17 @@ class BatchHandle(Generic[Req]):
             return 0, None
         return n, head[2]
 
+    def admit_joiners(self, free: int, join_window_s: float) -> list[int]:
+        """Indices of the queued requests admitted as one group, once they fill the ``free`` rows or
+        the oldest has waited ``join_window_s`` (one prefill for many joiners beats one each); else []."""
+        waiting, oldest = self.waiting()
+        if not waiting or oldest is None:
+            return []
+        if waiting < free and time.monotonic() - oldest < join_window_s:
+            return []
+        start = len(self.items)
+        return list(range(start, start + len(self.admit(free))))
+
     def admit(self, limit: int) -> list[Req]:
         """Up to ``limit`` queued requests (never blocks); they get the next indices."""
         taken: list[Req] = []

@@ -19,7 +19,6 @@ rollout keeps a cache as long as its longest live row, not as long as the rollou
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -174,15 +173,9 @@ class Decoder:
     def _maybe_admit(self, free: int) -> None:
         """Admit queued requests as one prefill once they fill the free rows or the oldest has
         waited ``join_window_s`` (see the module docstring for why not one by one)."""
-        waiting, oldest = self.handle.waiting()
-        if not waiting or oldest is None:
-            return
-        if waiting < free and time.monotonic() - oldest < self.s.join_window_s:
-            return
-        start = len(self.handle.items)
-        joined = self.handle.admit(free)
+        joined = self.handle.admit_joiners(free, self.s.join_window_s)
         if joined:
-            self.admit(list(range(start, start + len(joined))))
+            self.admit(joined)
 
     def _sample(self) -> tuple[torch.Tensor, torch.Tensor]:
         banned = None

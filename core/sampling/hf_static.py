@@ -32,7 +32,6 @@ keeps the dynamic loop on CPU; it exists on CPU so that its exactness is tested 
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -401,15 +400,9 @@ class StaticDecoder:
 
     def _maybe_admit(self, free: int) -> None:
         """As the dynamic loop: gather joiners until they fill the free rows or the oldest waited."""
-        waiting, oldest = self.handle.waiting()
-        if not waiting or oldest is None:
-            return
-        if waiting < free and time.monotonic() - oldest < self.s.join_window_s:
-            return
-        start = len(self.handle.items)
-        joined = self.handle.admit(free)
+        joined = self.handle.admit_joiners(free, self.s.join_window_s)
         if joined:
-            self.admit(list(range(start, start + len(joined))))
+            self.admit(joined)
 
     # --- the loop ----------------------------------------------------------------------------------
     def run(self) -> list[tuple[int, Completion]]:

@@ -196,7 +196,7 @@ class GRPOTrainer(Trainer):
             if hasattr(r, "model") and isinstance(r.model, torch.nn.Module) and r.model is not self.model:
                 r.model.to(self.args.device)
         self.sampler = make_sampler(args, self.model, tokenizer, sampler)
-        self.scheduler_obj = self.agent.scheduler(args, self.sampler, tokenizer) if self.agent.active else \
+        self.scheduler_obj = self.agent.scheduler(args, self.sampler, tokenizer, trainer=self) if self.agent.active else \
             make_scheduler(args, self.sampler, tokenizer, scheduler)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
         env_type = getattr(self.scheduler_obj, "environment_type", None)

@@ -42,6 +42,7 @@ from .weights import (  # noqa: F401 - the format's names stay importable from h
     iter_buckets,
     iter_weights,
     read_weights,
+    sync_in_buckets,
     write_bucket,
     write_weights,
 )

@@ -278,20 +278,26 @@ class GRPOTrainer(Trainer):
             self.sampler.reset_prefix_cache()
 
     def rollout(self, prompts: Sequence[Any], num_generations: int | None = None) -> list[Trajectory]:
-        from .rollout.driver import run_rollouts
-
         was_training = self.model.training
         self.model.eval()
         try:
-            result = run_sync(run_rollouts(
-                self.scheduler_obj, list(prompts), num_generations=num_generations or self.args.num_generations,
-                sampling_params=sampling_params(self.args), components=(), observers=tuple(self.args.observers or ()),
-                concurrency=self.args.rollout_concurrency, progress=False, timeout=self.args.rollout_timeout,
-                check=False,  # the batch check below runs the same invariants once, batch-wide
-            ))
+            # the batch check below runs the same invariants once, batch-wide
+            trajs = self._run_rollouts(prompts, num_generations, check=False)
         finally:
             self.model.train(was_training)
-        self._check_batch(result.trajectories)
+        self._check_batch(trajs)
+        return trajs
+
+    def _run_rollouts(self, prompts: Sequence[Any], num_generations: int | None = None, *, check: bool = False) -> list[Trajectory]:
+        """One batch through the run's scheduler with the run's sampling, concurrency, timeout and
+        observers; no module mode change (the Ray trainer's background prefetch calls it too)."""
+        from .rollout.driver import run_rollouts
+
+        result = run_sync(run_rollouts(
+            self.scheduler_obj, list(prompts), num_generations=num_generations or self.args.num_generations,
+            sampling_params=sampling_params(self.args), components=(), observers=tuple(self.args.observers or ()),
+            concurrency=self.args.rollout_concurrency, progress=False, timeout=self.args.rollout_timeout, check=check,
+        ))
         return result.trajectories
 
     def _check_batch(self, trajs: list[Trajectory]) -> None:

@@ -303,9 +303,10 @@ def check_values(cfg: GRPOConfig) -> None:
         raise ConfigError(f"max_turns must be at least 1, got {cfg.max_turns}")
 
 
-def validate_components(cfg: GRPOConfig, extra_rewards: int = 0) -> None:
+def validate_components(cfg: GRPOConfig, extra_rewards: int = 0, environment_rewards: int = 0) -> None:
     """Every component name resolves (UnknownComponentError names the culprit and a package to
-    install) and reward weights line up with rewards."""
+    install) and reward weights line up with rewards (``environment_rewards`` — TRL environments'
+    ``get_reward`` — count as a reward source but take no weight: theirs is 1)."""
     from ..plugins import plugins
 
     p = plugins()
@@ -317,7 +318,7 @@ def validate_components(cfg: GRPOConfig, extra_rewards: int = 0) -> None:
     for name in names:
         p.get("reward", name)
     n = len(names) + extra_rewards
-    if n == 0:
+    if n + environment_rewards == 0:
         raise ConfigError("no reward: pass --reward NAME (see `rlcore components reward`) or reward_funcs=")
     if cfg.reward_weights is not None and len(cfg.reward_weights) != n:
         raise ConfigError(f"reward_weights has {len(cfg.reward_weights)} values for {n} rewards; give one per reward")

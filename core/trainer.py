@@ -39,7 +39,7 @@ from .asyncutil import run_sync
 from .errors import ConfigError, RewardFunctionError
 from .plugins import RunHooks
 from .rewards import RewardContext, compute_rewards
-from .rollout.tokens import set_chat_template_kwargs
+from .chat_template import set_chat_template_kwargs
 from .training import checkpoint as ckpt
 from .training.components import (
     apply_peft,

@@ -23,7 +23,7 @@ import concurrent.futures
 import time
 from typing import Any, Sequence
 
-from ..algorithms.logprobs import _is_data_parallel
+from ..algorithms.logprobs import is_data_parallel
 from ..trainer import GRPOTrainer
 from ..types import Trajectory
 from .staleness import filter_stale, staleness_metrics
@@ -65,7 +65,7 @@ class RayGRPOTrainer(GRPOTrainer):
     # --- gradients ---------------------------------------------------------------------------------------
     def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> Any:
         loss = super().training_step(model, inputs, num_items_in_batch)
-        if self.world > 1 and self.accelerator.sync_gradients and not _is_data_parallel(model):
+        if self.world > 1 and self.accelerator.sync_gradients and not is_data_parallel(model):
             allreduce_gradients(self.model)  # DDP-wrapped models were already synced by DDP
         return loss
 

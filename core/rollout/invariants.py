@@ -30,7 +30,7 @@ from typing import Any, Iterable, Sequence
 import attrs
 
 from ..types import Trajectory
-from . import tokens as tk
+from .. import chat_template as tk
 
 STATUSES = ("ok", "truncated", "failed")
 

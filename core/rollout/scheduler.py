@@ -322,7 +322,7 @@ def sync_prompt(tokenizer: Any, trajectory: Trajectory, tools: list[dict[str, An
     the messages — ms-swift's GYMScheduler seeds system prompt and first observation — and leave
     the dataset row's prompt tokens). Left-truncated prompts (max_prompt_length) and TRL-style
     untemplated text prompts are kept."""
-    from . import tokens as tk
+    from .. import chat_template as tk
 
     if not trajectory.messages:
         return

@@ -30,7 +30,7 @@ import attrs
 from ..errors import ConfigError
 from ..rollout.scheduler import MAX_TURNS_HARD_CAP, RolloutScheduler
 from ..rollout.tools import ToolManager, ToolScheduler
-from ..rollout.tokens import encode_prompt
+from ..chat_template import encode_prompt
 from ..types import Trajectory, Turn
 
 

@@ -174,7 +174,7 @@ class GRPOConfig(TrainingArguments):
             setattr(self, name, value)
         check_refused(self)
         if self.chat_template_kwargs:
-            from ..rollout.tokens import check_chat_template_kwargs
+            from ..chat_template import check_chat_template_kwargs
 
             check_chat_template_kwargs(self.chat_template_kwargs)
         if self.generation_batch_size is not None and self.steps_per_generation is not None:

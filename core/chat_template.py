@@ -10,9 +10,10 @@ suffix. If the template is not prefix-preserving the suffix is undefined, and we
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Sequence
 
-from .errors import RlcoreError
+from .errors import ConfigError, RlcoreError
 
 
 class ChatTemplateError(RlcoreError):
@@ -20,6 +21,42 @@ class ChatTemplateError(RlcoreError):
 
 
 _SENTINEL = "\u2063RLCORE-SENTINEL\u2063"
+
+
+#: tokenizer -> extra chat-template arguments of its run (TRL's ``chat_template_kwargs``)
+_TEMPLATE_KWARGS: "weakref.WeakKeyDictionary[Any, dict[str, Any]]" = weakref.WeakKeyDictionary()
+#: arguments rlcore sets itself on every render; chat_template_kwargs may not override them
+RESERVED_TEMPLATE_ARGS = ("tokenize", "add_generation_prompt", "tools", "continue_final_message", "conversation",
+                          "return_dict", "chat_template")
+
+
+def check_chat_template_kwargs(kwargs: dict[str, Any]) -> None:
+    clash = sorted(set(kwargs) & set(RESERVED_TEMPLATE_ARGS))
+    if clash:
+        raise ConfigError(f"chat_template_kwargs may not set {', '.join(clash)}: rlcore sets those itself on every "
+                          "render; pass only the template's own options (e.g. enable_thinking)")
+
+
+def set_chat_template_kwargs(tokenizer: Any, kwargs: dict[str, Any] | None) -> None:
+    """Render every conversation of ``tokenizer`` with ``kwargs`` too (prompts, turn deltas and the
+    invariant checks alike, so the tokens and their check agree). ``None``/``{}`` clears them."""
+    if kwargs:
+        check_chat_template_kwargs(kwargs)
+        try:
+            _TEMPLATE_KWARGS[tokenizer] = dict(kwargs)
+        except TypeError:
+            raise ConfigError(f"chat_template_kwargs: a {type(tokenizer).__name__} cannot carry them; "
+                              "pass a transformers tokenizer") from None
+    else:
+        _TEMPLATE_KWARGS.pop(tokenizer, None)
+
+
+def chat_template_kwargs(tokenizer: Any) -> dict[str, Any]:
+    """The extra chat-template arguments set for ``tokenizer`` (``{}`` when none)."""
+    try:
+        return _TEMPLATE_KWARGS.get(tokenizer) or {}
+    except TypeError:  # not weak-referenceable: nothing can have been set for it
+        return {}
 
 
 def render(
@@ -31,7 +68,7 @@ def render(
     continue_final_message: bool = False,
 ) -> str:
     """The chat template's text for ``messages`` (never token ids: see transformers 5 notes)."""
-    kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
+    kwargs: dict[str, Any] = {**chat_template_kwargs(tokenizer), "tokenize": False, "add_generation_prompt": add_generation_prompt}
     if tools:
         kwargs["tools"] = tools
     if continue_final_message:

@@ -39,6 +39,7 @@ from .asyncutil import run_sync
 from .errors import ConfigError, RewardFunctionError
 from .plugins import RunHooks
 from .rewards import RewardContext, compute_rewards
+from .chat_template import set_chat_template_kwargs
 from .training import checkpoint as ckpt
 from .training.components import (
     apply_peft,
@@ -186,6 +187,7 @@ class GRPOTrainer(Trainer):
 
         # --- model, tokenizer, components (after every cheap check) ----------------------------
         tokenizer = load_tokenizer(model, processing_class)
+        set_chat_template_kwargs(tokenizer, args.chat_template_kwargs)  # every render of the policy's conversations
         model = apply_peft(load_model(model, args, quantization_config), args, peft_config)
         self.ref_model = reference_model(model, args)
         self.reward_objects, self.reward_weights = make_rewards(args, extra, reward_processing_classes,
@@ -199,6 +201,8 @@ class GRPOTrainer(Trainer):
         for r in self.reward_objects:  # reward models score on the trainer's device
             if hasattr(r, "model") and isinstance(r.model, torch.nn.Module) and r.model is not self.model:
                 r.model.to(self.args.device)
+            if hasattr(r, "chat_template_kwargs"):
+                r.chat_template_kwargs = dict(args.chat_template_kwargs or {})
         self.sampler = make_sampler(args, self.model, tokenizer, sampler)
         self.scheduler_obj = self.agent.scheduler(args, self.sampler, tokenizer, trainer=self) if self.agent.active else \
             make_scheduler(args, self.sampler, tokenizer, scheduler)

@@ -606,3 +606,56 @@ def test_environment_factory_without_dataset_trains_for_max_steps(tmp_path: Any)
     with pytest.raises(rlcore.ConfigError, match="set max_steps"):
         rlcore.GRPOTrainer(tiny_model_path(), reward_funcs=[], args=rlcore.GRPOConfig(**dict(COMMON, output_dir=str(tmp_path / "x"), max_steps=-1)),
                            environment_factory=Owns)
+
+
+def _thinking_tokenizer() -> Any:
+    """The tiny tokenizer with a Qwen3-style switch: ``enable_thinking=False`` puts an empty think
+    block after the assistant header (in the generation prompt and, as Qwen3's template does for
+    the final turn, in a rendered assistant message)."""
+    from transformers import AutoTokenizer
+
+    from rlcore.testing import tiny_model_path
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_path())
+    tok.chat_template = tok.chat_template.replace(
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
+        "<think>\n\n</think>\n\n{% endif %}{% endif %}")
+    off = "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}"
+    head = "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+    assert head in tok.chat_template
+    tok.chat_template = tok.chat_template.replace(
+        head, "<|im_start|>{{ message['role'] }}\n{% if message['role'] == 'assistant' %}" + off + "{% endif %}{{ message['content'] }}")
+    return tok
+
+
+def test_chat_template_kwargs_render_prompts_as_on_trl(tmp_path: Any) -> None:
+    """TRL's chat_template_kwargs reach the policy's chat template: both trainers feed the model
+    the same prompt tokens (recorded by a rollout_func, which gets the trainer), and rlcore's
+    own rollouts render with them too (their invariant checks included)."""
+    from rlcore.testing import tiny_model_path
+
+    seen: dict[str, list[list[int]]] = {}
+    for name, lib in LIBS.items():
+        tok = _thinking_tokenizer()
+        args = lib.GRPOConfig(**dict(COMMON, output_dir=str(tmp_path / name), max_steps=1,
+                                     chat_template_kwargs={"enable_thinking": False}))
+        trainer = lib.GRPOTrainer(tiny_model_path(), reward_funcs=Counter(), args=args, train_dataset=conversational_rows(),
+                                  processing_class=tok)
+        if name == "trl":
+            ids, _, _ = trainer._tokenize_prompts([[{"role": "user", "content": "What is 1 + 1?"}]])
+            seen[name] = [list(ids[0])]
+        else:
+            from rlcore.training.data import make_prompt
+
+            p = make_prompt({"prompt": [{"role": "user", "content": "What is 1 + 1?"}]}, tok, True, None, None, None)
+            trajs = trainer.rollout([p])
+            assert all(t.status != "failed" for t in trajs), trajs[0].reason
+            seen[name] = [list(trajs[0].prompt_ids)]
+            trainer.train()
+    assert seen["trl"] == seen["rlcore"]
+    assert "<think>\n\n</think>" in _thinking_tokenizer().decode(seen["rlcore"][0])
+    with pytest.raises(rlcore.ConfigError, match="^chat_template_kwargs may not set tools"):
+        rlcore.GRPOConfig(output_dir=str(tmp_path / "x"), chat_template_kwargs={"tools": []})
+    cfg = rlcore.GRPOConfig(output_dir=str(tmp_path / "y"), chat_template_kwargs='{"enable_thinking": false}')
+    assert cfg.chat_template_kwargs == {"enable_thinking": False}

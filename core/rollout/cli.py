@@ -100,10 +100,8 @@ def check_options(opts: dict[str, Any]) -> None:
 
 async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
     """The command's work as a coroutine (tests call it in-process)."""
-    from .. import plugins as _p  # noqa: F401
-    import importlib
+    from .. import plugins as registry
 
-    registry = importlib.import_module("rlcore.plugins")
     for old, new in OLD_ROLLOUT_NAMES.items():  # callers written against rlcore 0.1's keyword names
         if old in opts:
             opts.setdefault(new, opts.pop(old))
@@ -153,7 +151,7 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
 
     model = opts["model"]
     if model is None:
-        from ..testing import tiny_model_path
+        from ..demo import tiny_model_path
 
         model = tiny_model_path()
     sampler = sampler_factory(model=model, **sampler_opts)
@@ -213,7 +211,7 @@ def check_rollouts_command(path: str, model: str | None, tools_path: str | None,
     from .invariants import check_batch
 
     if model is None:
-        from ..testing import tiny_model_path
+        from ..demo import tiny_model_path
 
         model = tiny_model_path()
     from transformers import AutoTokenizer

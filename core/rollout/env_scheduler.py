@@ -23,7 +23,7 @@ from ..errors import ConfigError, EnvError, one_line
 from ..types import Completion, SamplingParams, Trajectory
 from .options import json_object
 from .scheduler import MultiTurnScheduler
-from .tokens import encode_prompt
+from ..chat_template import encode_prompt
 
 
 class EnvScheduler(MultiTurnScheduler):

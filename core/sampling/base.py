@@ -41,6 +41,17 @@ class Sampler:
         """``params.n`` completions for each prompt, in order."""
         return list(await asyncio.gather(*(self.generate_n(p, params) for p in prompts)))
 
+    def sample(self, prompts: list[list[int]] | list[Any], params: SamplingParams | None = None) -> list[list[Completion]]:
+        """Blocking batch sampling for scripts and loops: ``params.n`` completions (token ids and the
+        logprob of each sampled token) for every prompt (token ids, or anything with ``prompt_ids``),
+        in order. Built on :meth:`generate_batch`, so every backend has it; inside a running event
+        loop await :meth:`generate_batch` instead. For trajectories (conversation, rewards, training)
+        use :func:`rlcore.loop.sample`."""
+        from ..asyncutil import run_sync
+
+        ids = [list(getattr(p, "prompt_ids", p)) for p in prompts]
+        return run_sync(self.generate_batch(ids, params or SamplingParams()))
+
     def update_weights(self, weights: WeightsLike, *, lora: bool = False) -> None:
         """Load new policy weights (named tensors or a state dict; only adapter weights when ``lora``)."""
         raise NotImplementedError(f"{type(self).__name__} cannot load weights")

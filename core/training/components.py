@@ -5,14 +5,15 @@ as the training loop and nothing else."""
 from __future__ import annotations
 
 import copy
-import inspect
 from typing import Any, Callable, Sequence
 
 from ..plugins import get as get_component
 from ..errors import ConfigError, MissingDependencyError
+from ..loop.rewards import build_reward
 from ..rewards import Reward, as_reward
 from ..rollout.scheduler import build_scheduler
 from ..types import SamplingParams
+from ..weights import base_model, shares_module  # noqa: F401 - shares_module: re-exported for older imports
 from .config import GRPOConfig
 
 
@@ -134,7 +135,7 @@ def make_sampler(args: GRPOConfig, model: Any, tokenizer: Any, sampler: Any = No
     if args.sampler in ("hf", "transformers"):
         opts.setdefault("seed", args.seed)
         return factory(model=model, tokenizer=tokenizer, **opts)
-    path = getattr(getattr(_base(model), "config", None), "_name_or_path", None)
+    path = getattr(getattr(base_model(model), "config", None), "_name_or_path", None)
     return factory(model=path, tokenizer=tokenizer, **opts)
 
 
@@ -166,12 +167,7 @@ def make_rewards(args: GRPOConfig, reward_funcs: Sequence[Any] | None,
             raise ConfigError(f"reward_processing_classes has {len(procs)} entries for {len(passed)} reward_funcs; give one per reward (None for functions)")
     rewards: list[Reward] = []
     for name in args.reward_funcs or []:
-        factory = get_component("reward", name)
-        options = (args.reward_options or {}).get(name, {})
-        if options and inspect.isclass(factory):
-            rewards.append(as_reward(name, factory(**options)))
-        else:
-            rewards.append(as_reward(name, factory))
+        rewards.append(build_reward(name, (args.reward_options or {}).get(name, {})))
     for fn, proc in zip(passed, procs):
         if isinstance(fn, str):
             if _registered(fn):
@@ -206,34 +202,3 @@ def _registered(name: str) -> bool:
 def make_advantage(args: GRPOConfig) -> Any:
     factory: Callable[..., Any] = get_component("advantage", args.advantage)
     return factory(config=args)
-
-
-def _base(model: Any) -> Any:
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
-def shares_module(sampler: Any, model: Any) -> bool:
-    """True when the sampler generates with the trainer's own parameters (nothing to sync)."""
-    m = getattr(sampler, "model", None)
-    return m is not None and (m is model or m is _base(model))
-
-
-def export_weights(model: Any) -> list[tuple[str, Any]]:
-    """Full weights for a separate sampler. LoRA layers are sent as ``base + delta`` computed on
-    the side: merging into the trained module and unmerging again would drift the frozen base
-    weights by rounding at every sync."""
-    if not hasattr(model, "peft_config"):
-        return [(n, t.detach()) for n, t in model.state_dict().items()]
-    base = _base(model)
-    out: dict[str, Any] = {}
-    for name, t in base.state_dict().items():
-        if "lora_" not in name:
-            out[name.replace(".base_layer", "")] = t.detach()
-    for mname, module in base.named_modules():
-        if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer") and hasattr(module, "lora_A"):
-            weight = module.base_layer.weight.detach()
-            for adapter in module.active_adapters:
-                if adapter in module.lora_A and adapter not in getattr(module, "merged_adapters", []):
-                    weight = weight + module.get_delta_weight(adapter).detach()
-            out[f"{mname}.weight"] = weight
-    return list(out.items())

@@ -15,8 +15,9 @@ from typing import Any
 
 
 def is_peft_model(model: Any) -> bool:
-    """A PEFT (LoRA) wrapper: it has adapters and can merge them."""
-    return hasattr(model, "peft_config") and hasattr(model, "merge_adapter")
+    """A PEFT (LoRA) wrapper — the ``PeftModel`` or the ``LoraModel`` inside it (what some unwrapping
+    helpers hand back): either carries ``peft_config``."""
+    return hasattr(model, "peft_config")
 
 
 def unwrap(model: Any) -> Any:

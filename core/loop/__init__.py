@@ -39,6 +39,9 @@ _EXPORTS = {
     "advantage_list": ".loss",
     "initialize": ".placement",
     "shutdown": ".placement",
+    "DeviceGroup": ".placement",
+    "make_sampler": ".placement",
+    "RemotePolicy": ".placement",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -44,17 +44,29 @@ class Policy:
         max_grad_norm: clipping in :meth:`clip_grad_and_step`.
         temperature: divides logits exactly as at sampling time.
         logprob_chunk_size, top_entropy_quantile, mask_truncated_completions: as in GRPOConfig.
+        remote_group: the device group to build it on (see :func:`rlcore.loop.initialize`).
         reference: ``"auto"`` keeps a frozen copy for the KL term when ``beta`` > 0 (LoRA: the base
             model with adapters off), a module to use as the reference, or ``None``.
         **loss_options: the loss knobs (``epsilon``, ``epsilon_high``, ``beta``, ``delta``,
             ``is_correction`` …, the fields of :class:`~rlcore.algorithms.losses.LossConfig`).
     """
 
+    def __new__(cls, *args: Any, remote_group: str | None = None, **kwargs: Any) -> Any:
+        """``remote_group=NAME`` under ``rlcore.loop.initialize(mode="ray")``: the policy is built in
+        an actor on that group and a :class:`~rlcore.loop.placement.RemotePolicy` comes back."""
+        from .placement import group_for, place_policy
+
+        group = group_for(remote_group)
+        if group is not None:
+            return place_policy(group, args, kwargs)
+        return super().__new__(cls)
+
     def __init__(
         self,
         model: Any,
         tokenizer: Any = None,
         *,
+        remote_group: str | None = None,
         loss: Any = "grpo",
         lora: Any = None,
         learning_rate: float = 1e-6,
@@ -205,10 +217,12 @@ class Policy:
                 return batch_logprobs(self.model, batch, **kw)
         raise ConfigError("this policy has no reference model: create it with beta > 0 or reference=<module>")
 
-    def weights(self, sampler: Any = None, *, to_cpu: bool = False) -> tuple[dict[str, Any], bool]:
-        """The weights a sampler needs and whether they are adapter-only (see :func:`rlcore.weights.export_weights`)."""
-        return export_weights(self.model, sampler_accepts_lora=sampler is not None and sampler_accepts_lora(sampler),
-                              to_cpu=to_cpu, copy=to_cpu)
+    def weights(self, sampler: Any = None, *, lora: bool | None = None, to_cpu: bool = False) -> tuple[dict[str, Any], bool]:
+        """The weights ``sampler`` needs and whether they are adapter-only (``lora``: ask for
+        adapters / merged weights explicitly); see :func:`rlcore.weights.export_weights`."""
+        if lora is None:
+            lora = sampler is not None and sampler_accepts_lora(sampler)
+        return export_weights(self.model, sampler_accepts_lora=bool(lora), to_cpu=to_cpu, copy=to_cpu)
 
     # --- checkpoints ---------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike[str]) -> str:

@@ -25,6 +25,8 @@ from .types import Prompt
 BUILTIN_DATASET_PATH = Path(__file__).with_name("data") / "arithmetic.jsonl"
 BUILTIN_NAMES = ("builtin", "arithmetic", "rlcore:arithmetic")
 QUESTION_COLUMNS = ("question", "problem", "query", "instruction", "input")
+#: the columns a prompt is read from, in the order they are looked for (an explicit prompt_column aside)
+PROMPT_COLUMNS = ("messages", "prompt", *QUESTION_COLUMNS)
 _LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
@@ -95,7 +97,7 @@ def row_messages(row: dict[str, Any], *, prompt_column: str | None = None, syste
             )
         col = prompt_column
     else:
-        col = next((c for c in ("messages", "prompt", *QUESTION_COLUMNS) if c in row), None)
+        col = next((c for c in PROMPT_COLUMNS if c in row), None)
         if col is None:
             raise DatasetError(
                 f"dataset row {index} has none of the columns messages, prompt, {', '.join(QUESTION_COLUMNS)} "

@@ -7,6 +7,13 @@ culprit and says what to do. Tracebacks are for bugs; the CLI prints these as on
 from __future__ import annotations
 
 
+def one_line(exc: BaseException) -> str:
+    """``"Type: first line of the message"``: how a caught exception is recorded in a reason, a
+    plugin record or a log line (one line, so reasons group and tables stay readable)."""
+    text = f"{type(exc).__name__}: {exc}".strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class RlcoreError(Exception):
     """Base class of every error a user can cause."""
 

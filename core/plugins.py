@@ -27,6 +27,7 @@ import pluggy
 from . import hookspecs
 from .asyncutil import await_me_maybe, gather_maybe
 from .errors import PluginError, UnknownComponentError
+from .errors import one_line as _one_line
 
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlcore.sampling.plugin",
@@ -326,11 +327,6 @@ def _dist_version(dist: str) -> str | None:
         return version(dist)
     except PackageNotFoundError:
         return None
-
-
-def _one_line(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 # --- the process-wide plugin set -------------------------------------------------------------------

@@ -186,7 +186,7 @@ class GRPOTrainer(Trainer):
             if hasattr(r, "model") and isinstance(r.model, torch.nn.Module) and r.model is not self.model:
                 r.model.to(self.args.device)
         self.sampler = make_sampler(args, self.model, tokenizer, sampler)
-        self.scheduler_obj = self.agent.scheduler(args, self.sampler, tokenizer) if self.agent.active else \
+        self.scheduler_obj = self.agent.scheduler(args, self.sampler, tokenizer, trainer=self) if self.agent.active else \
             make_scheduler(args, self.sampler, tokenizer, scheduler)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
         env_type = getattr(self.scheduler_obj, "environment_type", None)
@@ -267,19 +267,26 @@ class GRPOTrainer(Trainer):
         sync_policy_weights(self.accelerator.unwrap_model(self.model), self.sampler, version=int(self.state.global_step))
 
     def rollout(self, prompts: Sequence[Any], num_generations: int | None = None) -> list[Trajectory]:
-        """Roll out ``prompts`` through the scheduler and hold the batch to the rollout invariants
-        (:func:`rlcore.loop.rollout_batch`); a violation fails that trajectory and is counted."""
+        """Roll out ``prompts`` through the scheduler (the module in eval mode) and hold the batch to
+        the rollout invariants; a violation fails that trajectory and is counted."""
         was_training = self.model.training
         self.model.eval()
         try:
-            result = rollout_batch(
-                self.scheduler_obj, list(prompts), num_generations=num_generations or self.args.num_generations,
-                sampling_params=sampling_params(self.args), observers=tuple(self.args.observers or ()),
-                concurrency=self.args.rollout_concurrency, timeout=self.args.rollout_timeout,
-                tokenizer=self.processing_class,
-            )
+            return self._run_rollouts(prompts, num_generations)
         finally:
             self.model.train(was_training)
+
+    def _run_rollouts(self, prompts: Sequence[Any], num_generations: int | None = None, *, check: bool = True) -> list[Trajectory]:
+        """One batch through the run's scheduler with the run's sampling, concurrency, timeout and
+        observers (:func:`rlcore.loop.rollout_batch`, the loop API's rollout step), checked batch-wide
+        once; no change of this trainer's module mode (the Ray trainer's background prefetch calls it
+        too). ``check`` is kept for callers; the batch check always runs."""
+        result = rollout_batch(
+            self.scheduler_obj, list(prompts), num_generations=num_generations or self.args.num_generations,
+            sampling_params=sampling_params(self.args), observers=tuple(self.args.observers or ()),
+            concurrency=self.args.rollout_concurrency, timeout=self.args.rollout_timeout,
+            tokenizer=self.processing_class,
+        )
         self._invariant_failures = int(result.stats["invariant_violations"])
         self._invariant_check_s = float(result.stats["invariant_check_s"])
         return result.trajectories

@@ -345,13 +345,109 @@ def test_trl_options_map_onto_rlcore(tmp_path: Any) -> None:
         sampling_params(rlcore.GRPOConfig(**base, generation_kwargs={"num_beams": 4}))
 
 
-def test_rollout_func_is_refused_in_one_line(tmp_path: Any) -> None:
+class GenerateRollout:
+    """A TRL-style ``rollout_func``: it samples with ``trainer.model.generate`` (its own engine, as
+    a vLLM- or OpenEnv-driving rollout_func would), appends an environment reply the model did not
+    write (``env_mask`` 0) and returns an extra column for the rewards. Records what it returned."""
+
+    def __init__(self) -> None:
+        self.__name__ = "generate_rollout"
+        self.returned: list[dict[str, Any]] = []
+
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        import torch
+
+        tok = trainer.processing_class
+        out: dict[str, list[Any]] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [], "feedback": []}
+        env_ids = tok.encode(" ENV", add_special_tokens=False)
+        for p in prompts:
+            ids = tok.encode(p) if isinstance(p, str) else tok.apply_chat_template(p, add_generation_prompt=True, tokenize=True)
+            ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+            with torch.no_grad():
+                g = trainer.model.generate(torch.tensor([ids], device=trainer.model.device), do_sample=True, max_new_tokens=4,
+                                           min_new_tokens=4, output_scores=True, return_dict_in_generate=True,
+                                           pad_token_id=tok.pad_token_id)
+            new = g.sequences[0, len(ids):].tolist()
+            lps = [float(torch.log_softmax(sc[0].float(), -1)[t]) for sc, t in zip(g.scores, new)]
+            out["prompt_ids"].append(ids)
+            out["completion_ids"].append(new + env_ids)
+            out["logprobs"].append(lps + [0.0] * len(env_ids))
+            out["env_mask"].append([1] * len(new) + [0] * len(env_ids))
+            out["feedback"].append(f"fb{len(out['feedback'])}")
+        self.returned.append(out)
+        return out
+
+
+def _prompt(trainer: Any, text: str) -> Any:
+    """One rollout prompt from a TRL standard row, built the way the trainer builds its own."""
+    from rlcore.training.data import make_prompt
+
+    return make_prompt({"prompt": text}, trainer.processing_class, True, None, None, None)
+
+
+def test_rollout_func_runs_as_on_trl(tmp_path: Any) -> None:
+    """TRL's rollout_func: called with the (repeated) prompts and the trainer; its token ids train
+    as returned (env_mask 0 tokens are context), extra keys reach the rewards — on both trainers."""
+    res = {}
+    for name, lib in LIBS.items():
+        rollout, recorder = GenerateRollout(), Recorder()
+        from rlcore.testing import tiny_model_path
+
+        args = lib.GRPOConfig(**dict(COMMON, output_dir=str(tmp_path / name)))
+        trainer = lib.GRPOTrainer(tiny_model_path(), reward_funcs=recorder, args=args, train_dataset=standard_rows(),
+                                  rollout_func=rollout)
+        trainer.train()
+        res[name] = (trainer, rollout, recorder)
+    t_calls, r_calls = res["trl"][2].calls, res["rlcore"][2].calls
+    assert len(t_calls) == len(r_calls) == 2
+    for t, r in zip(t_calls, r_calls):
+        assert r["keys"] == t["keys"] and "feedback" in r["keys"]
+        assert (r["n"], r["prompt_type"], r["completion_type"]) == (t["n"], t["prompt_type"], t["completion_type"])
+    # both hand rollout_func the same number of prompts per call (num_generations copies of each)
+    assert [len(o["prompt_ids"]) for o in res["trl"][1].returned] == [len(o["prompt_ids"]) for o in res["rlcore"][1].returned]
+    # rlcore trains exactly the returned tokens, with the env tokens masked out
+    trainer, rollout = res["rlcore"][0], res["rlcore"][1]
+    trajs = trainer.rollout([_prompt(trainer, "What is 1 + 1?")])
+    out = rollout.returned[-1]
+    assert [t.completion_ids for t in trajs] == out["completion_ids"]
+    assert [t.prompt_ids for t in trajs] == out["prompt_ids"]
+    assert [t.loss_mask for t in trajs] == out["env_mask"]
+    assert [t.data["feedback"] for t in trajs] == out["feedback"]
+    for t, lps in zip(trajs, out["logprobs"]):
+        assert t.status in ("ok", "truncated") and t.num_turns == 1
+        assert [lp for lp, m in zip(t.logprobs, t.loss_mask) if m] == pytest.approx([lp for lp, m in zip(lps, t.loss_mask) if m])
+
+
+def test_rollout_func_mistakes_fail_in_one_line(tmp_path: Any) -> None:
     from rlcore.testing import tiny_model_path
 
     args = rlcore.GRPOConfig(**dict(COMMON, output_dir=str(tmp_path)))
-    with pytest.raises(rlcore.ConfigError, match="^rollout_func is not supported"):
+    with pytest.raises(rlcore.ConfigError, match="^rollout_func produces the completions itself"):
         rlcore.GRPOTrainer(tiny_model_path(), reward_funcs=Counter(), args=args, train_dataset=standard_rows(),
-                           rollout_func=lambda prompts, trainer: {})
+                           rollout_func=lambda prompts, trainer: {}, tools=[len])
+
+    def short(prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        return {"prompt_ids": [[1]] * len(prompts), "completion_ids": [[2, 3]] * len(prompts),
+                "logprobs": [[-0.1]] * len(prompts)}
+
+    def missing(prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        return {"prompt_ids": [[1]] * len(prompts), "completion_ids": [[2]] * len(prompts)}
+
+    def wrong_count(prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        return {"prompt_ids": [[1]], "completion_ids": [[2]], "logprobs": [[-0.1]]}
+
+    def other_tokens(prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        return {"prompt_ids": [[1]] * len(prompts), "completion_ids": [[2, 3]] * len(prompts),
+                "logprobs": [[-0.1, -0.2]] * len(prompts), "logprob_token_ids": [[2, 4]] * len(prompts)}
+
+    cases = [(short, "1 logprobs"), (missing, r"must return keys \['logprobs'\]"),
+             (wrong_count, "returned 1 prompt_ids for 4 prompts"), (other_tokens, "logprobs belong to other tokens")]
+    for fn, reason in cases:
+        trainer = rlcore.GRPOTrainer(tiny_model_path(), reward_funcs=Counter(), args=args, train_dataset=standard_rows(),
+                                     rollout_func=fn)
+        trajs = trainer.rollout([_prompt(trainer, "What is 1 + 1?")])
+        assert len(trajs) == 4 and all(t.status == "failed" for t in trajs)
+        assert all(t.reason and __import__("re").search(reason, t.reason) and "\n" not in t.reason for t in trajs), trajs[0].reason
 
 
 def test_environment_factory_runs_on_rlcore_tool_scheduler(tmp_path: Any) -> None:

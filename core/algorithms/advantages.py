@@ -17,7 +17,7 @@ Conventions shared by all estimators (and matched to TRL's where TRL has the est
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import attrs
 import torch
@@ -62,6 +62,18 @@ def _is_flat(x: torch.Tensor) -> bool:
     return v.numel() < 2 or bool(torch.allclose(v, v[0].expand_as(v), rtol=0.0, atol=1e-8))
 
 
+def _groups(r: torch.Tensor, groups: Sequence[str], stats: AdvantageStats) -> Iterator[tuple[list[int], torch.Tensor, bool]]:
+    """Each group's row indices, its rewards, and whether it is flat (no ranking signal), counted
+    into ``stats`` (``groups``, ``zero_std_groups``) the same way for every group-relative estimator."""
+    for idx in group_indices(groups):
+        g = r[idx]
+        stats.groups += 1
+        flat = _is_flat(g)
+        if flat:
+            stats.zero_std_groups += 1
+        yield idx, g, flat
+
+
 def _as_tensor(rewards: Any) -> torch.Tensor:
     if isinstance(rewards, torch.Tensor):
         return rewards.detach().to(torch.float64).flatten()
@@ -77,11 +89,8 @@ def grpo_advantages(rewards: Any, groups: Sequence[str], scale_rewards: str = "g
     adv = torch.zeros_like(r)
     stats = AdvantageStats()
     batch_std = _nanstd(r)
-    for idx in group_indices(groups):
-        g = r[idx]
-        stats.groups += 1
-        if _is_flat(g):
-            stats.zero_std_groups += 1
+    for idx, g, flat in _groups(r, groups, stats):
+        if flat:
             continue
         centred = g - torch.nanmean(g)
         if scale_rewards == "group":
@@ -97,11 +106,8 @@ def rloo_advantages(rewards: Any, groups: Sequence[str]) -> tuple[torch.Tensor, 
     r = _as_tensor(rewards)
     adv = torch.zeros_like(r)
     stats = AdvantageStats()
-    for idx in group_indices(groups):
-        g = r[idx]
-        stats.groups += 1
-        if _is_flat(g):
-            stats.zero_std_groups += 1
+    for idx, g, flat in _groups(r, groups, stats):
+        if flat:
             continue
         valid = ~torch.isnan(g)
         n = int(valid.sum())
@@ -118,11 +124,8 @@ def reinforce_pp_advantages(rewards: Any, groups: Sequence[str]) -> tuple[torch.
     r = _as_tensor(rewards)
     centred = torch.full_like(r, math.nan)
     stats = AdvantageStats()
-    for idx in group_indices(groups):
-        g = r[idx]
-        stats.groups += 1
-        if _is_flat(g):
-            stats.zero_std_groups += 1
+    for idx, g, flat in _groups(r, groups, stats):
+        if flat:
             centred[idx] = torch.where(torch.isnan(g), g, torch.zeros_like(g))
             continue
         centred[idx] = g - torch.nanmean(g)

@@ -116,17 +116,9 @@ class RayGRPOTrainer(GRPOTrainer):
 
     def _rollout_remote(self, prompts: list[Any]) -> list[Trajectory]:
         """``GRPOTrainer.rollout`` without its eval()/train() toggling: the samplers are remote, and
-        flipping the module's mode from this thread would race the training step on the main one."""
-        from ..asyncutil import run_sync
-        from ..rollout.driver import run_rollouts
-        from ..training.components import sampling_params
-
-        result = run_sync(run_rollouts(
-            self.scheduler_obj, prompts, num_generations=self.args.num_generations,
-            sampling_params=sampling_params(self.args), components=(),
-            concurrency=self.args.rollout_concurrency, progress=False, timeout=self.args.rollout_timeout,
-        ))
-        return result.trajectories
+        flipping the module's mode from this thread would race the training step on the main one.
+        Each trajectory is checked as it ends (the batch check writes run state the main thread owns)."""
+        return self._run_rollouts(prompts, check=True)
 
     def _finish_prefetch(self) -> None:
         if self._pending is not None:

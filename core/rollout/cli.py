@@ -93,14 +93,14 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
     from ..types import SamplingParams
     from .driver import run_rollouts, template_tools
     from .scheduler import build_scheduler
-    from .options import plugin_options
+    from .options import json_object, plugin_options
 
     scheduler_factory = registry.get("scheduler", opts["scheduler"])
     sampler_factory = registry.get("sampler", opts["sampler"])
     labels = {f"scheduler {opts['scheduler']!r}": scheduler_factory, f"sampler {opts['sampler']!r}": sampler_factory}
     routed = plugin_options(extra_args, labels)
     sched_opts, sampler_opts = routed[f"scheduler {opts['scheduler']!r}"], routed[f"sampler {opts['sampler']!r}"]
-    sched_opts = {**_json_options(opts.get("scheduler_options"), "--scheduler-options"), **sched_opts}
+    sched_opts = {**json_object(opts.get("scheduler_options"), "--scheduler-options"), **sched_opts}
     reward_objs, weights = _rewards(opts["rewards"], registry, as_reward)
     dataset: Any = opts["dataset"]
     if dataset is None and callable(getattr(scheduler_factory, "default_task", None)):
@@ -159,18 +159,6 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
     if s["trajectories"] and not s["ok"] and not s["truncated"]:
         raise RunFailedError(f"no trajectory succeeded: {line}")  # the file is written: the reasons are in it
     return line
-
-
-def _json_options(raw: str | None, flag: str) -> dict[str, Any]:
-    if not raw:
-        return {}
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{flag} is not valid JSON ({exc.msg}); pass an object like '{{\"gym_env\": \"math_env\"}}'") from None
-    if not isinstance(value, dict):
-        raise ConfigError(f"{flag} must be a JSON object, got {type(value).__name__}")
-    return value
 
 
 @click.command(name="check-rollouts")

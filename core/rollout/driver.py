@@ -18,6 +18,7 @@ from typing import Any, Iterable
 import attrs
 
 from ..asyncutil import await_me_maybe
+from ..errors import one_line as _one_line
 from ..plugins import RunHooks
 from ..types import Prompt, SamplingParams, Trajectory
 from .assemble import output_to_trajectory
@@ -241,8 +242,3 @@ def summarize(trajs: list[Trajectory], wall_s: float) -> dict[str, Any]:
         "failure_reasons": dict(reasons.most_common(5)),
         "wall_s": wall_s,
     }
-
-
-def _one_line(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".strip()
-    return text.splitlines()[0] if text else type(exc).__name__

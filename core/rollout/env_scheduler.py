@@ -18,7 +18,7 @@ from typing import Any
 
 from ..asyncutil import await_me_maybe
 from ..envs import Env, EnvStep
-from ..errors import EnvError
+from ..errors import EnvError, one_line
 from ..types import Completion, SamplingParams, Trajectory
 from .scheduler import MultiTurnScheduler
 from .tokens import encode_prompt
@@ -113,7 +113,7 @@ class EnvScheduler(MultiTurnScheduler):
             out = await self._env_call("reset", env.reset, traj)
             observation, info, system = _reset_result(out)
         except Exception as exc:  # noqa: BLE001 - fails this trajectory only
-            traj.fail(_reason("reset", exc, self.env_timeout))
+            traj.fail(self.failure_reason("reset", exc))
             return
         self.seed_conversation(traj, observation, system)
         if info:
@@ -128,7 +128,7 @@ class EnvScheduler(MultiTurnScheduler):
             action = self.parse_action(response_choice.message.content)
             res = _step_result(await self._env_call("step", env.step, action))
         except Exception as exc:  # noqa: BLE001
-            infer_request.fail(_reason("step", exc, self.env_timeout))
+            infer_request.fail(self.failure_reason("step", exc))
             return {"done": True}
         self._pending[infer_request.uuid] = self.format_observation(res.observation)
         infos: dict[str, Any] = {"env_steps": current_turn, "env_done": bool(res.done)}
@@ -160,6 +160,13 @@ class EnvScheduler(MultiTurnScheduler):
             self._executor = None
 
     # --- helpers ---------------------------------------------------------------------------------
+    #: whether a failure reason names an EnvError's type (False: its message says what broke)
+    reason_names_env_errors: bool = True
+
+    def failure_reason(self, what: str, exc: BaseException) -> str:
+        """The trajectory's failure reason when env call ``what`` raised ``exc`` or timed out."""
+        return env_failure_reason(what, exc, self.env_timeout, name_env_errors=self.reason_names_env_errors)
+
     async def _env_call(self, what: str, fn: Any, *args: Any) -> Any:
         if self._env_sem is None:
             self._env_sem = asyncio.Semaphore(self.max_concurrent_envs)
@@ -198,8 +205,14 @@ def _step_result(out: Any) -> EnvStep:
     raise EnvError(f"env.step returned {type(out).__name__}; return (observation, reward, done, info) or EnvStep")
 
 
-def _reason(what: str, exc: BaseException, timeout: float | None) -> str:
+def env_failure_reason(what: str, exc: BaseException, timeout: float | None, *, name_env_errors: bool = True) -> str:
+    """One line for ``trajectory.reason`` when an env call (``what``: reset, step …) raised or timed
+    out: ``env step failed: KeyError: 'x'``. With ``name_env_errors=False`` an :class:`EnvError`'s
+    message stands alone (for clients whose EnvErrors already say what broke: "server closed the
+    session …"). Every env scheduler uses this, so failure reasons group the same across them."""
     if isinstance(exc, asyncio.TimeoutError):
         return f"env {what} timed out after {timeout:g}s"
-    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
-    return f"env {what} failed: {text[0] if text else type(exc).__name__}"
+    if isinstance(exc, EnvError) and not name_env_errors:
+        lines = str(exc).strip().splitlines()
+        return f"env {what} failed: {lines[0] if lines else type(exc).__name__}"
+    return f"env {what} failed: {one_line(exc)}"

@@ -15,7 +15,10 @@ still finishes with rc=0. So the rule is checked, not hoped for:
   is not ``ok``;
 * ``uuid``: unique within a batch.
 
-Failed trajectories are exempt from the token checks (they do not train). The checker needs only a
+Failed trajectories are exempt from the token checks (they do not train). A trajectory whose
+conversation was decoded from its tokens (``infos["messages_from_tokens"]``: TRL's ``rollout_func``
+hands back token ids, and the messages are only their decoding) agrees with its tokens by
+construction, so only the token-level checks (mask, logprobs, status) apply to it. The checker needs only a
 tokenizer, so ``rlcore check-rollouts FILE`` runs it on a JSONL dump.
 """
 
@@ -92,7 +95,7 @@ def check_trajectory(
                                      f"{missing} of {len(trained_lps)} trained (mask 1) tokens have no sampler logprob",
                                      _turn_of(traj, i)))
                 break
-    if not traj.messages:
+    if not traj.messages or traj.infos.get("messages_from_tokens"):
         return out
     n_prompt = prompt_message_count(traj)
     try:

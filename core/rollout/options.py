@@ -12,7 +12,7 @@ import inspect
 import json
 import re
 import typing
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..errors import ConfigError
 
@@ -49,6 +49,23 @@ def parse_flags(args: Sequence[str]) -> dict[str, Any]:
             out[key] = val
         i += 1
     return out
+
+
+def json_object(value: Mapping[str, Any] | str | None, name: str) -> dict[str, Any]:
+    """An options dict given in code (a mapping) or on the command line (a JSON object string);
+    ``None``/``""`` is empty. Anything else is one line naming ``name`` (a flag or option)."""
+    if value is None or value == "":
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                f"{name} {value[:200]!r} is not a JSON object ({exc.msg}); pass one like '{{\"key\": \"value\"}}'"
+            ) from None
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{name} must be a JSON object, got {type(value).__name__}")
+    return dict(value)
 
 
 def factory_parameters(factory: Callable[..., Any]) -> dict[str, inspect.Parameter]:

@@ -52,9 +52,22 @@ class Sampler:
         ids = [list(getattr(p, "prompt_ids", p)) for p in prompts]
         return run_sync(self.generate_batch(ids, params or SamplingParams()))
 
-    def update_weights(self, weights: WeightsLike, *, lora: bool = False) -> None:
-        """Load new policy weights (named tensors or a state dict; only adapter weights when ``lora``)."""
+    #: True when the factory takes the trainer's own module (``model=<nn.Module>``) and generates with
+    #: its parameters: nothing to copy or sync. Otherwise it gets the model's path and its own copy.
+    shares_trainer_module: bool = False
+
+    def update_weights(
+        self, weights: WeightsLike, *, lora: bool = False, version: int | None = None
+    ) -> dict[str, float] | None:
+        """Load new policy weights (named tensors or a state dict; only adapter weights when ``lora``).
+
+        ``version`` is the policy version the weights are (default: one past the current); a
+        backend may return sync metrics (``sync/*`` floats) or ``None``."""
         raise NotImplementedError(f"{type(self).__name__} cannot load weights")
+
+    def _advance_version(self, version: int | None) -> None:
+        """``policy_version`` after a sync: the given version, else one more."""
+        self.policy_version = self.policy_version + 1 if version is None else int(version)
 
     def sleep(self, level: int = 1) -> None:
         """Free accelerator memory while the trainer works (no-op where the backend cannot)."""

@@ -76,6 +76,7 @@ class HFSampler(Sampler):
     """
 
     name = "hf"
+    shares_trainer_module = True  # make_sampler hands it the trainer's own module: colocated, no sync
 
     def __init__(
         self,
@@ -156,13 +157,13 @@ class HFSampler(Sampler):
         self._check_request(prompt_ids, params)
         return self._batcher.submit(_Request(list(prompt_ids), params)).result()
 
-    def update_weights(self, weights: WeightsLike, *, lora: bool = False) -> None:
+    def update_weights(self, weights: WeightsLike, *, lora: bool = False, version: int | None = None) -> None:
         """Copy new weights into the model in place (waits for the running batch to finish)."""
         from .weights import load_weights_into
 
         with self._lock:
             load_weights_into(self.model, weights, lora=lora)
-            self.policy_version += 1
+            self._advance_version(version)
 
     def sleep(self, level: int = 1) -> None:
         """Move an owned model to the CPU and free its GPU memory. A no-op on CPU, and for a module

@@ -388,10 +388,10 @@ class OpenAISampler(Sampler):
         except ValueError:
             return None
 
-    def update_weights(self, weights: WeightsLike, *, lora: bool = False) -> None:
+    def update_weights(self, weights: WeightsLike, *, lora: bool = False, version: int | None = None) -> None:
         """Write the tensors to ``sync_dir`` bucket by bucket and have the server load each (see the
         module docstring); asleep, the server's weights are woken first."""
-        from .vllm_worker import RPC_LOAD_FROM_PATH, default_sync_dir, iter_buckets, write_bucket
+        from .vllm_worker import RPC_LOAD_FROM_PATH, default_sync_dir, sync_in_buckets
 
         if lora:
             raise SamplerError(
@@ -402,25 +402,17 @@ class OpenAISampler(Sampler):
             self._asleep.discard("weights")
         if self.sync_dir is None:
             self.sync_dir = default_sync_dir()
-        total = 0
-        for bucket in iter_buckets(weights, self.bucket_bytes):
-            path = write_bucket(bucket, self.sync_dir)
-            try:
-                data = self._control("/collective_rpc", {"method": RPC_LOAD_FROM_PATH, "kwargs": {"path": path}})
-            finally:
-                os.remove(path)
-            results = (data or {}).get("results") if isinstance(data, dict) else None
-            if results is not None and any(str(r) != str(len(bucket)) for r in results):
-                raise SamplerError(
-                    f"openai sampler: the server's workers loaded {results} tensors of a {len(bucket)}-tensor bucket; "
-                    "is it started with --worker-extension-cls rlcore.sampling.vllm_worker.WeightSyncExtension?"
-                )
-            total += len(bucket)
-        if total == 0:
-            raise SamplerError("openai sampler: update_weights got no tensors")
+
+        def load(path: str) -> Any:
+            data = self._control("/collective_rpc", {"method": RPC_LOAD_FROM_PATH, "kwargs": {"path": path}})
+            return (data or {}).get("results") if isinstance(data, dict) else None
+
+        sync_in_buckets(weights, directory=self.sync_dir, bucket_bytes=self.bucket_bytes, load=load,
+                        who="openai sampler", hint="is the server started with "
+                        "--worker-extension-cls rlcore.sampling.vllm_worker.WeightSyncExtension?")
         self._weights_discarded = False
         self.reset_prefix_cache()
-        self.policy_version += 1
+        self._advance_version(version)
 
     def reset_prefix_cache(self, attempts: int = 4) -> None:
         """``POST /reset_prefix_cache?reset_running_requests=true`` (vLLM >= 0.13 preempts running

@@ -42,7 +42,7 @@ from ..types import Completion, SamplingParams
 from .base import Sampler, WeightsLike
 from .batcher import MicroBatcher
 from .vllm_support import MAX_VERSION_EXCLUSIVE, MIN_VERSION, PROCESSED, RAW, SUPPORTED_RANGE, logprob_mismatch, parse_version
-from .vllm_worker import DEFAULT_BUCKET_BYTES, RPC_LOAD_FROM_PATH, default_sync_dir, iter_buckets, write_bucket
+from .vllm_worker import DEFAULT_BUCKET_BYTES, RPC_LOAD_FROM_PATH, default_sync_dir, sync_in_buckets
 
 log = logging.getLogger(__name__)
 
@@ -316,7 +316,7 @@ class VLLMSampler(Sampler):
         return await self._batcher.submit_async(self.build_request(prompt_ids, params))
 
     # --- weights and engine state --------------------------------------------------------------------
-    def update_weights(self, weights: WeightsLike, *, lora: bool = False) -> None:
+    def update_weights(self, weights: WeightsLike, *, lora: bool = False, version: int | None = None) -> None:
         """Load new weights on every worker through the model's ``load_weights`` (bucket by bucket,
         as files named by path; see :mod:`rlcore.sampling.vllm_worker`), then drop the prefix cache
         (its KV blocks were computed with the old weights). Asleep, the weights are woken first (the
@@ -331,25 +331,12 @@ class VLLMSampler(Sampler):
                 self._asleep.discard("weights")
             if self.sync_dir is None:
                 self.sync_dir = default_sync_dir()
-            total = 0
-            for bucket in iter_buckets(weights, self.bucket_bytes):
-                path = write_bucket(bucket, self.sync_dir)
-                try:
-                    results = self._call("collective_rpc", RPC_LOAD_FROM_PATH, args=(path,))
-                finally:
-                    os.remove(path)
-                bad = [r for r in (results or []) if r != len(bucket)]
-                if bad:
-                    raise SamplerError(
-                        f"vllm sampler: workers loaded {results} tensors of a {len(bucket)}-tensor bucket; is "
-                        f"worker_extension_cls={WORKER_EXTENSION}?"
-                    )
-                total += len(bucket)
-            if total == 0:
-                raise SamplerError("vllm sampler: update_weights got no tensors")
+            sync_in_buckets(weights, directory=self.sync_dir, bucket_bytes=self.bucket_bytes,
+                            load=lambda path: self._call("collective_rpc", RPC_LOAD_FROM_PATH, args=(path,)),
+                            who="vllm sampler", hint=f"is worker_extension_cls={WORKER_EXTENSION}?")
             self._weights_discarded = False
             self._reset_prefix_cache_locked()
-            self.policy_version += 1
+            self._advance_version(version)
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         try:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import tempfile
 import uuid
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from ..errors import SamplerError
 from .base import WeightsLike
@@ -94,6 +94,31 @@ def write_weights(weights: WeightsLike, directory: str, name: str | None = None)
 
 def write_bucket(bucket: dict[str, Any], directory: str) -> str:
     return write_weights(bucket, directory, name=f"rlcore-weights-{uuid.uuid4().hex[:12]}.safetensors")
+
+
+def sync_in_buckets(
+    weights: WeightsLike, *, directory: str, bucket_bytes: int, load: Callable[[str], Any], who: str, hint: str
+) -> int:
+    """Hand ``weights`` to an engine bucket by bucket, whatever carries the call (in-process
+    ``collective_rpc`` or the server's HTTP route): each bucket is written as one file under
+    ``directory``, ``load(path)`` makes the engine's workers read it and returns what each loaded
+    (a tensor count per worker, or None where the engine does not say), and the file is removed.
+    A worker that loaded another count than the bucket holds is an error ending in ``hint``; no
+    tensor at all is an error too (an empty sync would silently keep the old policy). Returns the
+    number of tensors sent."""
+    total = 0
+    for bucket in iter_buckets(weights, bucket_bytes):
+        path = write_bucket(bucket, directory)
+        try:
+            results = load(path)
+        finally:
+            os.remove(path)
+        if results is not None and any(str(r) != str(len(bucket)) for r in results):
+            raise SamplerError(f"{who}: the workers loaded {results} tensors of a {len(bucket)}-tensor bucket; {hint}")
+        total += len(bucket)
+    if total == 0:
+        raise SamplerError(f"{who}: update_weights got no tensors")
+    return total
 
 
 def _resolve(path: str) -> str:

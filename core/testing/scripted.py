@@ -116,9 +116,9 @@ class ScriptedSampler(Sampler):
             meta={"policy_version": self.policy_version, "scripted": True},
         )
 
-    def update_weights(self, weights: WeightsLike, *, lora: bool = False) -> None:
+    def update_weights(self, weights: WeightsLike, *, lora: bool = False, version: int | None = None) -> None:
         self.weight_updates.append(weights)
-        self.policy_version += 1
+        self._advance_version(version)
 
     def sleep(self, level: int = 1) -> None:
         self.asleep = True

@@ -127,16 +127,18 @@ def sampling_params(args: GRPOConfig) -> SamplingParams:
 
 
 def make_sampler(args: GRPOConfig, model: Any, tokenizer: Any, sampler: Any = None) -> Any:
-    """The generation backend. ``hf`` gets the trainer's own module: colocated, no copy, no sync."""
+    """The generation backend. A sampler class that declares ``shares_trainer_module`` (``hf``) gets
+    the trainer's own module: colocated, no copy, no sync; any other gets the model's path."""
     if sampler is not None:
         return sampler
-    factory = get_component("sampler", args.sampler)
+    from ..sampling import make_sampler as build_sampler
+
     opts = dict(args.sampler_options or {})
-    if args.sampler in ("hf", "transformers"):
+    if getattr(get_component("sampler", args.sampler), "shares_trainer_module", False):
         opts.setdefault("seed", args.seed)
-        return factory(model=model, tokenizer=tokenizer, **opts)
+        return build_sampler(args.sampler, model=model, tokenizer=tokenizer, **opts)
     path = getattr(getattr(base_model(model), "config", None), "_name_or_path", None)
-    return factory(model=path, tokenizer=tokenizer, **opts)
+    return build_sampler(args.sampler, model=path, tokenizer=tokenizer, **opts)
 
 
 def make_scheduler(args: GRPOConfig, sampler: Any, tokenizer: Any, scheduler: Any = None) -> Any:

@@ -13,10 +13,9 @@ import random
 from collections.abc import Sequence
 from typing import Any, Iterable
 
+from ..data import PROMPT_COLUMNS
 from ..errors import DatasetError
 from ..types import Prompt
-
-QUESTION_TEXT = ("question", "problem", "query", "instruction", "input")
 
 
 def check_columns(rows: list[dict[str, Any]], prompt_column: str | None = None, source: str = "dataset") -> bool:
@@ -29,7 +28,7 @@ def check_columns(rows: list[dict[str, Any]], prompt_column: str | None = None, 
     first = rows[0]
     if not isinstance(first, dict):
         raise DatasetError(f"{source}: row 0 is a {type(first).__name__}, expected an object with columns")
-    env_only = prompt_column is None and "env_config" in first and not any(c in first for c in _PROMPT_COLUMNS)
+    env_only = prompt_column is None and "env_config" in first and not any(c in first for c in PROMPT_COLUMNS)
     # a lazy sequence (rows a dataset source generates when read) is checked by its first row: checking
     # all would generate them all; each later row is still checked when a step draws it (make_prompt)
     checked = rows if isinstance(rows, (list, tuple)) else rows[:1]
@@ -45,9 +44,6 @@ def check_columns(rows: list[dict[str, Any]], prompt_column: str | None = None, 
         except DatasetError as exc:
             raise DatasetError(f"{source}: {exc}") from None
     return not env_only
-
-
-_PROMPT_COLUMNS = ("messages", "prompt", "question", "problem", "query", "instruction", "input")
 
 
 def make_prompt(row: dict[str, Any], tokenizer: Any, has_prompt: bool, prompt_column: str | None = None,
@@ -77,7 +73,7 @@ def make_prompt(row: dict[str, Any], tokenizer: Any, has_prompt: bool, prompt_co
 
 def _as_written(row: dict[str, Any], messages: list[dict[str, Any]], prompt_column: str | None) -> Any:
     """The prompt a TRL-style reward sees: the row's own text or message list, else the messages."""
-    col = prompt_column or next((c for c in ("messages", "prompt", *QUESTION_TEXT) if c in row), None)
+    col = prompt_column or next((c for c in PROMPT_COLUMNS if c in row), None)
     value = row.get(col) if col else None
     if isinstance(value, str) or (isinstance(value, list) and col != "messages"):
         return value

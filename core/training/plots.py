@@ -31,7 +31,18 @@ def write_plots(output_dir: str) -> list[str]:
 
     out_dir = os.path.join(output_dir, "plots")
     os.makedirs(out_dir, exist_ok=True)
-    paths = []
+
+    def save(fig: Any, ax: Any, name: str, ylabel: str, title: str) -> str:
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best")
+        fig.tight_layout()
+        path = os.path.join(out_dir, name)
+        fig.savefig(path)
+        plt.close(fig)
+        return path
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
     xs, mean = _series(rows, "reward")
@@ -41,16 +52,7 @@ def write_plots(output_dir: str) -> list[str]:
         if len(std) == len(mean):
             ax.fill_between(xs, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
                             color="tab:blue", alpha=0.2, label="± std")
-    ax.set_xlabel("step")
-    ax.set_ylabel("reward")
-    ax.set_title("reward per step")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="best")
-    fig.tight_layout()
-    p = os.path.join(out_dir, "reward.png")
-    fig.savefig(p)
-    plt.close(fig)
-    paths.append(p)
+    paths = [save(fig, ax, "reward.png", "reward", "reward per step")]
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
     xs, mean = _series(rows, "completion_length")
@@ -59,14 +61,5 @@ def write_plots(output_dir: str) -> list[str]:
         ax.plot(xs, mean, color="tab:green", label="mean")
     if xm:
         ax.plot(xm, mx, color="tab:green", linestyle="--", alpha=0.6, label="max")
-    ax.set_xlabel("step")
-    ax.set_ylabel("completion tokens")
-    ax.set_title("completion length per step")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="best")
-    fig.tight_layout()
-    p = os.path.join(out_dir, "completion_length.png")
-    fig.savefig(p)
-    plt.close(fig)
-    paths.append(p)
+    paths.append(save(fig, ax, "completion_length.png", "completion tokens", "completion length per step"))
     return paths

@@ -33,5 +33,6 @@ def register_schedulers(register: Callable[..., None]) -> None:
 
 @rlcore.hookimpl
 def register_rewards(register: Callable[..., None]) -> None:
-    register("gym_reward", "rl_plugin_gym.rewards:gym_reward",
-             description="cumulative env reward of the trajectory (sum of step rewards)")
+    # rlcore's env_reward under this plugin's name: one implementation, the name says which plugin a config means
+    register("gym_reward", "rlcore.rewards:env_reward",
+             description="cumulative env reward of the trajectory (sum of step rewards; rlcore's env_reward)")

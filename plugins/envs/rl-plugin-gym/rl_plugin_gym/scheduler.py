@@ -9,12 +9,12 @@ the row's ``env_config.name`` if present, else the run's ``--env``, with options
 
 from __future__ import annotations
 
-import json
 from typing import Any, Mapping
 
 from rlcore.envs import Env
 from rlcore.errors import ConfigError
 from rlcore.rollout import EnvScheduler
+from rlcore.rollout.options import json_object
 
 from .resolve import env_factory, env_options, make_env
 from .seeding import env_config
@@ -40,7 +40,7 @@ class GymScheduler(EnvScheduler):
     ) -> None:
         super().__init__(sampler, **options)
         self.env = env
-        self.env_kwargs = _kwargs(env_kwargs)
+        self.env_kwargs = json_object(env_kwargs, "env_kwargs")  # from the command line: a JSON string
         if env:
             env_factory(env)  # a typo in --env is a one-line error now, not a batch of failed trajectories
 
@@ -79,17 +79,3 @@ class GymScheduler(EnvScheduler):
             )
             out.setdefault("infos", {})["env_return"] = infer_request.total_reward + float(out["reward"])
         return out
-
-
-def _kwargs(value: Mapping[str, Any] | str | None) -> dict[str, Any]:
-    """``env_kwargs`` as a dict; from the command line it arrives as a JSON object string."""
-    if value is None or value == "":
-        return {}
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"env_kwargs {value!r} is not a JSON object: {exc.msg}") from None
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"env_kwargs must be a JSON object / mapping, got {type(value).__name__}")
-    return dict(value)

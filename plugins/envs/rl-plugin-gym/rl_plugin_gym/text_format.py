@@ -52,6 +52,12 @@ class GameFormat:
             lines.append(self.describe(obs, env))
         return "\n".join(lines)
 
+    def step_report(self, said: str, reward: float, note: str, truncated: bool, obs: Any, env: Any) -> str:
+        """A non-final step's message for games that report each step's reward: ``said (reward r).``,
+        an optional ``note``, the new state, and the out-of-time line when the episode was cut."""
+        end = "\nOut of time: the episode is over." if truncated else ""
+        return f"{said} (reward {reward:g}).{note}\n{self.describe(obs, env)}{end}"
+
 
 class AnsiFormat(GameFormat):
     """Any env with an ``ansi`` render: the text picture, highlighted cells shown as ``[x]``."""

@@ -139,8 +139,7 @@ class TaxiFormat(GameFormat):
         if terminated:
             return f"You chose {action} and delivered the passenger (reward {reward:g}). Done!"
         note = " That was not allowed here." if reward <= -10 else ""
-        end = "\nOut of time: the episode is over." if truncated else ""
-        return f"You chose {action} (reward {reward:g}).{note}\n{self.describe(obs, env)}{end}"
+        return self.step_report(f"You chose {action}", reward, note, truncated, obs, env)
 
 
 def _card(v: int) -> str:
@@ -225,8 +224,7 @@ class CliffWalkingFormat(GameFormat):
         if terminated:
             return f"You moved {action} and reached the goal! (reward {reward:g})"
         fell = " You fell off the cliff and are back at the start." if reward <= -100 else ""
-        end = "\nOut of time: the episode is over." if truncated else ""
-        return f"You moved {action} (reward {reward:g}).{fell}\n{self.describe(obs, env)}{end}"
+        return self.step_report(f"You moved {action}", reward, fell, truncated, obs, env)
 
 
 #: game name (gymnasium id without its version) -> formatter class

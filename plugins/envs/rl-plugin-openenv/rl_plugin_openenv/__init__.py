@@ -9,7 +9,8 @@ until a run uses them. What it adds:
 * scheduler ``openenv_tool_scheduler`` — the same, with the environment's actions (or MCP tools)
   exposed as tool calls through :class:`rlcore.rollout.EnvTool` (:mod:`rl_plugin_openenv.tools`);
 * env ``openenv`` — the per-trajectory :class:`~rl_plugin_openenv.env.OpenEnvEnv`;
-* reward ``openenv_reward`` — the cumulative environment reward of each trajectory;
+* reward ``openenv_reward`` — the cumulative environment reward of each trajectory (rlcore's
+  ``env_reward`` under this package's name);
 * command ``rlcore openenv serve NAME --port P`` — this package's own environment servers.
 """
 
@@ -35,7 +36,9 @@ def register_envs(register: Callable[..., None]) -> None:
 
 @rlcore.hookimpl
 def register_rewards(register: Callable[..., None]) -> None:
-    register("openenv_reward", "rl_plugin_openenv.rewards:openenv_reward")
+    # rlcore's env_reward under this plugin's name: one implementation, the name says which plugin a config means
+    register("openenv_reward", "rlcore.rewards:env_reward",
+             description="cumulative OpenEnv reward of the trajectory (sum of step rewards; rlcore's env_reward)")
 
 
 @rlcore.hookimpl

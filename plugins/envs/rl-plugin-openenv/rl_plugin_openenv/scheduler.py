@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from rlcore.errors import ConfigError, EnvError
+from rlcore.errors import ConfigError
 from rlcore.rollout import EnvScheduler
 from rlcore.types import Completion, Trajectory
 
@@ -50,6 +50,7 @@ class OpenEnvScheduler(EnvScheduler):
     """
 
     name = "openenv_scheduler"
+    reason_names_env_errors = False  # the client's EnvErrors say what broke ("server closed the session …")
 
     def __init__(
         self,
@@ -172,7 +173,7 @@ class OpenEnvScheduler(EnvScheduler):
         try:
             observation, info, system = await self._env_call("reset", env.reset, traj)
         except Exception as exc:  # noqa: BLE001
-            traj.fail(_reason("reset", exc, self.env_timeout))
+            traj.fail(self.failure_reason("reset", exc))
             return traj
         self.seed_conversation(traj, observation, system)
         if info:
@@ -194,7 +195,7 @@ class OpenEnvScheduler(EnvScheduler):
             self._pending[infer_request.uuid] = self.format_rejection(exc)
             return {"done": False, "reward": 0.0, "infos": {"env_steps": current_turn, "env_done": False}}
         except Exception as exc:  # noqa: BLE001 - fails this trajectory only
-            infer_request.fail(_reason("step", exc, self.env_timeout))
+            infer_request.fail(self.failure_reason("step", exc))
             return {"done": True}
         self._pending[infer_request.uuid] = self.format_observation(observation)
         infos: dict[str, Any] = {"env_steps": current_turn, "env_done": bool(done)}
@@ -205,15 +206,6 @@ class OpenEnvScheduler(EnvScheduler):
     def metrics(self) -> dict[str, float]:
         """Client counters since this scheduler was made (``openenv/sessions_opened`` …)."""
         return self.stats.as_metrics()
-
-
-def _reason(what: str, exc: BaseException, timeout: float | None) -> str:
-    """One line for ``trajectory.reason``: EnvErrors carry their own message, others get their type."""
-    if isinstance(exc, asyncio.TimeoutError):
-        return f"env {what} timed out after {timeout:g}s"
-    text = str(exc) if isinstance(exc, EnvError) else f"{type(exc).__name__}: {exc}"
-    lines = text.strip().splitlines()
-    return f"env {what} failed: {lines[0] if lines else type(exc).__name__}"
 
 
 def _details(error: ActionRejected) -> str:

@@ -28,7 +28,7 @@ from rlcore.types import Completion, Trajectory
 from .client import ActionRejected, OpenEnvSession
 from .env import OpenEnvEnv
 from .limiter import MAX_SCHEMA_BYTES, get_json_capped, http_url
-from .scheduler import OpenEnvScheduler, _reason
+from .scheduler import OpenEnvScheduler
 
 MCP_ACTIONS = ("CallToolAction", "ListToolsAction")
 
@@ -108,7 +108,7 @@ class _SessionAsEnv:
         except ActionRejected:
             raise  # ToolManager turns it into "Error: …", the model's to fix
         except Exception as exc:  # noqa: BLE001 - the session is gone: the trajectory fails after this turn
-            self.fatal = _reason("step", exc, self.scheduler.env_timeout)
+            self.fatal = self.scheduler.failure_reason("step", exc)
             raise
         return self.scheduler.format_observation(observation), reward, done, info
 

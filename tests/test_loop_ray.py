@@ -10,10 +10,8 @@ ray = pytest.importorskip("ray")
 
 from rlcore import SamplingParams  # noqa: E402
 from rlcore.errors import ConfigError  # noqa: E402
-from rlcore.loop import (  # noqa: E402
-    DeviceGroup, Policy, RemotePolicy, Rewards, Rollout, initialize, make_prompts, make_sampler, pack, shutdown,
-    sync_weights,
-)
+from rlcore.distributed import DeviceGroup, RemotePolicy, initialize, make_sampler, shutdown  # noqa: E402
+from rlcore.loop import Policy, Rewards, Rollout, make_prompts, pack, sync_weights  # noqa: E402
 from rlcore.algorithms.advantages import GRPOAdvantage  # noqa: E402
 from rlcore.tasks import digits_dataset  # noqa: E402
 
@@ -55,6 +53,9 @@ def test_policy_and_sampler_on_ray_groups(tiny_model_dir: str) -> None:
         assert sampler.policy_version == 1 and sampler.last_sync["sync/workers"] == 1.0
         fresh = rollout(prompts, num_generations=2)
         assert _gap(policy, fresh) < 1e-3
+        # back to local placement: remote_group is ignored, the policy is built in this process
+        initialize(mode="local")
+        assert isinstance(Policy(tiny_model_dir, remote_group="model"), Policy)
     finally:
         shutdown()
         ray.shutdown()

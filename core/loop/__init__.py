@@ -15,7 +15,9 @@
         policy.clip_grad_and_step()
 
 ``GRPOTrainer`` runs these same functions in its generation step and loss (see docs/loop.md).
-Importing this package does not import torch; the names load on first use.
+Importing this package does not import torch; the names load on first use. Placement on Ray
+(``initialize(mode="ray", groups=[...])``, ``Policy(..., remote_group=...)``, ``make_sampler``)
+is in :mod:`rlcore.distributed`.
 """
 
 from __future__ import annotations
@@ -37,11 +39,7 @@ _EXPORTS = {
     "batch_loss": ".loss",
     "batch_logprobs": ".loss",
     "advantage_list": ".loss",
-    "initialize": ".placement",
-    "shutdown": ".placement",
-    "DeviceGroup": ".placement",
-    "make_sampler": ".placement",
-    "RemotePolicy": ".placement",
+    "set_placer": ".placement",
 }
 
 __all__ = sorted(_EXPORTS)

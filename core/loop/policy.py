@@ -44,7 +44,7 @@ class Policy:
         max_grad_norm: clipping in :meth:`clip_grad_and_step`.
         temperature: divides logits exactly as at sampling time.
         logprob_chunk_size, top_entropy_quantile, mask_truncated_completions: as in GRPOConfig.
-        remote_group: the device group to build it on (see :func:`rlcore.loop.initialize`).
+        remote_group: the device group to build it on (see :func:`rlcore.distributed.initialize`).
         reference: ``"auto"`` keeps a frozen copy for the KL term when ``beta`` > 0 (LoRA: the base
             model with adapters off), a module to use as the reference, or ``None``.
         **loss_options: the loss knobs (``epsilon``, ``epsilon_high``, ``beta``, ``delta``,
@@ -52,13 +52,16 @@ class Policy:
     """
 
     def __new__(cls, *args: Any, remote_group: str | None = None, **kwargs: Any) -> Any:
-        """``remote_group=NAME`` under ``rlcore.loop.initialize(mode="ray")``: the policy is built in
-        an actor on that group and a :class:`~rlcore.loop.placement.RemotePolicy` comes back."""
-        from .placement import group_for, place_policy
+        """``remote_group=NAME`` under ``rlcore.distributed.initialize(mode="ray")``: the policy is
+        built in an actor on that group and a proxy with the same methods
+        (:class:`~rlcore.distributed.loop.RemotePolicy`) comes back."""
+        from .placement import get_placer
 
-        group = group_for(remote_group)
-        if group is not None:
-            return place_policy(group, args, kwargs)
+        placer = get_placer()
+        if remote_group is not None and placer is not None:
+            placed = placer.place_policy(remote_group, args, kwargs)
+            if placed is not None:
+                return placed
         return super().__new__(cls)
 
     def __init__(

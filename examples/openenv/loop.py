@@ -20,7 +20,8 @@ from typing import Any, Callable, Sequence
 
 import rlcore
 from rlcore import SamplingParams
-from rlcore.loop import MultiTurnRollout, Policy, Rewards, initialize, make_prompts, make_sampler, sync_weights
+from rlcore.distributed import initialize, make_sampler
+from rlcore.loop import MultiTurnRollout, Policy, Rewards, make_prompts, sync_weights
 
 SCHEDULERS = {"tools": "openenv_tool_scheduler", "text": "openenv_scheduler"}
 

@@ -5,7 +5,8 @@ exactly as a user types it, and checks what the README promises:
     rlcore train --scheduler openenv_scheduler --env-url http://127.0.0.1:P --reward openenv_reward
     rlcore train --scheduler gym_scheduler --env frozen_lake --reward gym_reward --max_turns 6
 
-(no model, no dataset: each scheduler's embedded default with the built-in tiny model). Per run:
+(no model, no dataset: each scheduler's embedded default with the built-in tiny model), and the
+OpenEnv example's tiny-model config (``rlcore train --config examples/openenv/tiny.yaml``). Per run:
 wall time, the reward of the first and last 10% of steps and their ratio (or, if the first is not
 positive, the improvement as a share of the per-step reward range), turns per episode, env steps,
 what ended the episodes (env done / max_turns / length / failed), the share of turns that ended by
@@ -38,6 +39,8 @@ RESULTS = Path(__file__).parent / "results"
 QUICKSTARTS = {
     "openenv": ["--scheduler", "openenv_scheduler", "--env-url", "{url}", "--reward", "openenv_reward"],
     "gym": ["--scheduler", "gym_scheduler", "--env", "frozen_lake", "--reward", "gym_reward", "--max_turns", "6"],
+    "openenv-example": ["--config", str(Path(__file__).resolve().parents[1] / "examples" / "openenv" / "tiny.yaml"),
+                        "--env-url", "{url}"],
 }
 BAR_SECONDS = 180.0
 

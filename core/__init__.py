@@ -15,7 +15,8 @@ from .errors import (
     UnknownComponentError,
 )
 from .hookspecs import hookimpl, hookspec
-from .plugins import RunHooks, available, get, plugins, reload_plugins
+from . import plugins  # the module; calling it (``rlcore.plugins()``) returns the loaded plugin set
+from .plugins import RunHooks, available, get, reload_plugins
 from .types import Batch, ChatMessage, Completion, Prompt, SamplingParams, Trajectory, Turn
 # the base classes a plugin subclasses (DESIGN: every one is importable from ``rlcore``)
 from .envs import Env, EnvStep

@@ -22,7 +22,7 @@ from urllib.parse import parse_qsl
 from .errors import DatasetError
 from .types import Prompt
 
-BUILTIN_DATASET_PATH = Path(__file__).with_name("data") / "arithmetic.jsonl"
+BUILTIN_DATASET_PATH = Path(__file__).with_name("builtin_datasets") / "arithmetic.jsonl"
 BUILTIN_NAMES = ("builtin", "arithmetic", "rlcore:arithmetic")
 QUESTION_COLUMNS = ("question", "problem", "query", "instruction", "input")
 #: the columns a prompt is read from, in the order they are looked for (an explicit prompt_column aside)
@@ -118,7 +118,7 @@ def row_messages(row: dict[str, Any], *, prompt_column: str | None = None, syste
 def row_to_prompt(row: dict[str, Any], tokenizer: Any, *, prompt_column: str | None = None,
                   system_prompt: str | None = None, tools: list[dict[str, Any]] | None = None, index: int = 0) -> Prompt:
     """One row as a :class:`Prompt` (messages, prompt ids with the generation prompt, extra columns)."""
-    from .rollout.tokens import encode_prompt
+    from .chat_template import encode_prompt
 
     messages, used = row_messages(row, prompt_column=prompt_column, system_prompt=system_prompt, index=index)
     data = {k: v for k, v in row.items() if k not in used}
@@ -128,19 +128,20 @@ def row_to_prompt(row: dict[str, Any], tokenizer: Any, *, prompt_column: str | N
 # --- dataset sources (register_datasets) ------------------------------------------------------------
 def parse_dataset_source(text: str, registry: Any = None) -> tuple[str, str, dict[str, Any]] | None:
     """``"src:spec?a=1&b=x"`` -> ``("src", "spec", {"a": 1, "b": "x"})`` when ``src`` is a registered
-    dataset source (or one rlcore knows a plugin provides, so a missing install is named); else None.
+    dataset source (or one an installed plugin distribution declares, so a plugin left out of
+    ``RLCORE_PLUGINS`` or failing to load is named); else None.
 
     Query values are parsed as JSON where they parse (``3`` -> 3, ``true`` -> True, ``[1,2]`` -> a
     list) and kept as text otherwise. Local paths never count as sources.
     """
-    from .plugins import KNOWN_PROVIDERS, plugins
+    from .plugins import plugins, provider_of
 
     name, colon, rest = text.partition(":")
     if not colon or not name or "/" in name or "\\" in name or Path(text).expanduser().exists():
         return None
     registry = registry or plugins()
     if name not in registry.available("dataset"):
-        if KNOWN_PROVIDERS.get(name):
+        if provider_of(name):
             registry.component("dataset", name)  # raises the one-line "pip install …" error
         return None
     spec, _, query = rest.partition("?")

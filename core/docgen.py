@@ -20,9 +20,17 @@ import click
 
 from . import hookspecs
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
-#: the plugin distributions whose commands the CLI reference documents (the ones in this repository)
-DOCUMENTED_PLUGINS = ("rl-plugin-gym", "rl-plugin-math", "rl-plugin-openenv", "rl-plugin-tips")
+REPO = Path(__file__).resolve().parent.parent
+DOCS = REPO / "docs"
+
+
+def repository_plugins(root: Path = REPO / "plugins") -> tuple[str, ...]:
+    """The plugin distributions in this repository (``plugins/<kind>/<dist>/pyproject.toml``): the
+    CLI reference documents their commands. Read from the tree, so the core names none of them."""
+    import tomllib
+
+    return tuple(sorted(tomllib.loads(p.read_text(encoding="utf-8"))["project"]["name"]
+                        for p in root.glob("*/*/pyproject.toml")))
 
 _ROLE = re.compile(r":(?:class|func|meth|mod|attr|data|exc):`~?([^`]+)`")
 
@@ -121,7 +129,8 @@ def _walk(cmd: click.Command, path: list[str], parent: click.Context | None) -> 
 def render_cli() -> str:
     """The text of ``docs/cli.md``: every command's ``--help``, plugin commands included."""
     previous = os.environ.get("RLCORE_PLUGINS")
-    os.environ["RLCORE_PLUGINS"] = ",".join(DOCUMENTED_PLUGINS)
+    documented = repository_plugins()
+    os.environ["RLCORE_PLUGINS"] = ",".join(documented)
     try:
         from . import cli as cli_module
         from .plugins import reload_plugins
@@ -136,7 +145,7 @@ def render_cli() -> str:
             "",
             "`rlcore` is one command with subcommands. Plugins add their own through the",
             "`register_commands` hook; the plugin commands documented here come from the packages in",
-            "this repository: " + ", ".join(DOCUMENTED_PLUGINS) + ".",
+            "this repository: " + ", ".join(documented) + ".",
             "User errors print one line and exit with status 2. Run any command with `--help` for the",
             "same text.",
             "",

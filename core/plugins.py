@@ -19,6 +19,7 @@ import os
 import re
 import sys
 import threading
+import types
 from typing import Any, Callable, Iterable
 
 import attrs
@@ -37,26 +38,10 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlcore.tasks",
 )
 
-#: component name -> distribution that provides it, for "pip install X" hints on unknown names
-KNOWN_PROVIDERS: dict[str, str] = {
-    "openenv_scheduler": "rl-plugin-openenv",
-    "openenv_tool_scheduler": "rl-plugin-openenv",
-    "openenv_reward": "rl-plugin-openenv",
-    "openenv": "rl-plugin-openenv",
-    "gym_scheduler": "rl-plugin-gym",
-    "gym_reward": "rl-plugin-gym",
-    "gymnasium": "rl-plugin-gym",
-    "math_tip_trick": "rl-plugin-tips",
-    "thinking_tips_scheduler": "rl-plugin-tips",
-    "gsm8k_accuracy": "rl-plugin-math",
-    "gsm8k_format": "rl-plugin-math",
-    "math_accuracy": "rl-plugin-math",
-    "cosine": "rl-plugin-math",
-    "repetition": "rl-plugin-math",
-    "soft_overlong": "rl-plugin-math",
-    "reasoning_gym": "rl-plugin-reasoning-gym",
-    "reasoning_gym_format": "rl-plugin-reasoning-gym",
-}
+#: the entry-point group where a plugin distribution declares the component names it registers
+#: (``gym_scheduler = "rl_plugin_gym"``), read as metadata without importing anything: an unknown
+#: name that an installed but unloaded (or broken) distribution declares is answered by naming it
+COMPONENTS_GROUP = "rlcore.components"
 
 
 def _normalize(dist: str) -> str:
@@ -262,16 +247,15 @@ class Plugins:
 
     def _unknown_message(self, kind: str, name: str) -> str:
         have = ", ".join(self.available(kind)) or "none"
-        provider = KNOWN_PROVIDERS.get(name)
         msg = f"no {kind} named {name!r}; available: {have}"
+        provider = provider_of(name)
         if provider:
             broken = [r for r in self.records.values() if _normalize(r.dist) == _normalize(provider) and r.error]
             if broken:
                 return f"{kind} {name!r} comes from {provider}, which failed to load: {broken[0].error}"
-            if self.allow is not None and _normalize(provider) not in self.allow and _dist_version(provider):
+            if self.allow is not None and _normalize(provider) not in self.allow:
                 return f"{msg} ({provider} is installed but not in RLCORE_PLUGINS)"
-            msg += f"; it is provided by {provider}: pip install {provider}"
-            return msg
+            return f"{msg}; {provider} declares it but did not register it: reinstall {provider}"
         broken = [r for r in self.records.values() if r.error and not r.builtin]
         if broken:
             msg += "; plugins that failed to load may provide it: " + "; ".join(f"{r.dist}: {r.error}" for r in broken)
@@ -318,6 +302,19 @@ def _ep_dist(ep: Any) -> str:
         return ep.dist.name if ep.dist is not None else "unknown"
     except Exception:  # noqa: BLE001 - a broken install elsewhere must not stop plugin loading
         return "unknown"
+
+
+def provider_of(name: str) -> str | None:
+    """The installed distribution that declares component ``name`` in its ``rlcore.components``
+    entry points (the first alphabetically when several do), or None. Reads metadata only."""
+    from importlib_metadata import entry_points
+
+    try:
+        eps = [ep for ep in entry_points(group=COMPONENTS_GROUP) if ep.name == name]
+    except Exception:  # noqa: BLE001 - a broken install elsewhere must not hide the real error
+        return None
+    dists = sorted({_ep_dist(ep) for ep in eps} - {"unknown"}, key=_normalize)
+    return dists[0] if dists else None
 
 
 def _dist_version(dist: str) -> str | None:
@@ -457,3 +454,16 @@ class RunHooks:
             if r is not None:
                 out[label] = r
         return out
+
+
+# --- ``rlcore.plugins`` is this module and the loaded set at once ------------------------------------
+class _CallableModule(types.ModuleType):
+    """``rlcore.plugins()`` (the loaded plugin set) predates this module's name, and a function named
+    like its module shadows it (``import rlcore.plugins as p`` gave the function). Calling the module
+    returns :func:`plugins`, so ``rlcore.plugins`` is the module and ``rlcore.plugins()`` still works."""
+
+    def __call__(self) -> Plugins:
+        return plugins()
+
+
+sys.modules[__name__].__class__ = _CallableModule

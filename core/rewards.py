@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import attrs
 
@@ -67,48 +67,103 @@ def _is_conversational_prompt(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and all(isinstance(m, dict) and "role" in m for m in value)
 
 
+class RewardInputs(Mapping[str, Any]):
+    """Every argument an rlcore-style reward may ask for, as lists aligned with the trajectories —
+    built on first access and kept, so a reward that names two arguments pays for two columns,
+    not for all of them (scoring 10k completions is then the reward's own cost, not rlcore's)."""
+
+    _BUILT = ("completions", "completion_messages", "completion_texts", "completion_ids", "prompts", "prompt_ids",
+              "trajectories", "infos", "step_rewards", "total_reward", "num_turns", "trainer_state", "log_metric",
+              "log_extra")
+
+    def __init__(self, trajectories: Sequence[Trajectory], trainer_state: Any = None,
+                 context: RewardContext | None = None) -> None:
+        self.trajectories = list(trajectories)
+        self.context = context or RewardContext(trainer_state=trainer_state)
+        self.trainer_state = self.context.trainer_state if self.context.trainer_state is not None else trainer_state
+        self._cache: dict[str, Any] = {}
+        self._data_keys: list[str] | None = None
+        self._n_prompt: list[int] | None = None
+
+    def data_keys(self) -> list[str]:
+        """The dataset columns, in first-seen order over the trajectories."""
+        if self._data_keys is None:
+            seen: dict[str, None] = {}
+            for t in self.trajectories:
+                for k in t.data:
+                    seen.setdefault(k, None)
+            self._data_keys = list(seen)
+        return self._data_keys
+
+    def _names(self) -> list[str]:
+        extra = ["environments"] if self.context.environment_of is not None else []
+        return [*self._BUILT, *extra, *(k for k in self.data_keys() if k not in self._BUILT and k not in extra)]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._BUILT or (key == "environments" and self.context.environment_of is not None) \
+            or key in self.data_keys()
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self._cache:
+            return self._cache[key]
+        if key not in self:
+            raise KeyError(key)
+        value = self._build(key)
+        self._cache[key] = value
+        return value
+
+    def _prompt_lens(self) -> list[int]:
+        if self._n_prompt is None:
+            self._n_prompt = [int(t.infos.get("prompt_messages", 0) or 0) or _prompt_len(t) for t in self.trajectories]
+        return self._n_prompt
+
+    def _build(self, key: str) -> Any:
+        trajs = self.trajectories
+        if key == "prompts":
+            return [t.messages[:n] for t, n in zip(trajs, self._prompt_lens())]
+        if key == "completion_messages":
+            return [[_plain(m) for m in t.messages[n:]] for t, n in zip(trajs, self._prompt_lens())]
+        if key == "completions":
+            return [_last_assistant(t.messages) or "".join(tr.text for tr in t.turns if tr.loss_mask and any(tr.loss_mask))
+                    for t in trajs]
+        if key == "completion_texts":
+            return ["".join(tr.text for tr in t.turns) for t in trajs]
+        if key == "completion_ids":
+            return [t.completion_ids for t in trajs]
+        if key == "prompt_ids":
+            return [list(t.prompt_ids) for t in trajs]
+        if key == "trajectories":
+            return list(trajs)
+        if key == "infos":
+            return [t.infos for t in trajs]
+        if key == "step_rewards":
+            return [list(t.step_rewards) for t in trajs]
+        if key == "total_reward":
+            return [t.total_reward for t in trajs]
+        if key == "num_turns":
+            return [t.num_turns for t in trajs]
+        if key == "trainer_state":
+            return self.trainer_state
+        if key in ("log_metric", "log_extra"):
+            return getattr(self.context, key) or _no_log
+        if key == "environments":
+            return [self.context.environment_of(t) for t in trajs]  # type: ignore[misc]
+        return [t.data.get(key) for t in trajs]
+
+
 def reward_inputs(trajectories: Sequence[Trajectory], trainer_state: Any = None,
-                  context: RewardContext | None = None) -> dict[str, Any]:
-    """Every argument an rlcore-style reward may ask for, as lists aligned with ``trajectories``."""
-    context = context or RewardContext(trainer_state=trainer_state)
-    prompts = []
-    completion_messages = []
-    for t in trajectories:
-        n_prompt = int(t.infos.get("prompt_messages", 0) or 0) or _prompt_len(t)
-        prompts.append(t.messages[:n_prompt])
-        completion_messages.append([_plain(m) for m in t.messages[n_prompt:]])
-    columns: dict[str, list[Any]] = {}
-    keys: list[str] = []
-    for t in trajectories:
-        for k in t.data:
-            if k not in columns:
-                columns[k] = []
-                keys.append(k)
-    for k in keys:
-        columns[k] = [t.data.get(k) for t in trajectories]
-    inputs: dict[str, Any] = dict(columns)
-    inputs.update(
-        completions=[_last_assistant(t.messages) or "".join(tr.text for tr in t.turns if tr.loss_mask and any(tr.loss_mask)) for t in trajectories],
-        completion_messages=completion_messages,
-        completion_texts=["".join(tr.text for tr in t.turns) for t in trajectories],
-        completion_ids=[t.completion_ids for t in trajectories],
-        prompts=prompts,
-        prompt_ids=[list(t.prompt_ids) for t in trajectories],
-        trajectories=list(trajectories),
-        infos=[t.infos for t in trajectories],
-        step_rewards=[list(t.step_rewards) for t in trajectories],
-        total_reward=[t.total_reward for t in trajectories],
-        num_turns=[t.num_turns for t in trajectories],
-        trainer_state=context.trainer_state if context.trainer_state is not None else trainer_state,
-        log_metric=context.log_metric or _no_log,
-        log_extra=context.log_extra or _no_log,
-    )
-    if context.environment_of is not None:
-        inputs["environments"] = [context.environment_of(t) for t in trajectories]
-    return inputs
+                  context: RewardContext | None = None) -> RewardInputs:
+    """Every argument an rlcore-style reward may ask for (see :class:`RewardInputs`)."""
+    return RewardInputs(trajectories, trainer_state, context)
 
 
-def trl_reward_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
+def trl_reward_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
     """TRL's reward arguments from rlcore's: the dataset's own ``prompt`` values (text or messages),
     completions in the matching shape, the other columns, and the run-level values.
 
@@ -124,7 +179,8 @@ def trl_reward_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
             completions.append(inputs["completion_messages"][i])
         else:
             completions.append(inputs["completion_texts"][i])
-    out = {k: inputs[k] for t in trajs for k in t.data if k != "prompt"}
+    keys = inputs.data_keys() if isinstance(inputs, RewardInputs) else list(dict.fromkeys(k for t in trajs for k in t.data))
+    out = {k: inputs[k] for k in keys if k != "prompt"}
     out.update(
         prompts=prompts, completions=completions, completion_ids=inputs["completion_ids"],
         trainer_state=inputs["trainer_state"], log_extra=inputs["log_extra"], log_metric=inputs["log_metric"],

@@ -210,7 +210,7 @@ def build_plan(argv: Sequence[str]) -> TrainPlan:
 
     model = script.get("model")
     if model is None:
-        from .testing import tiny_model_path
+        from .demo import tiny_model_path
 
         model = tiny_model_path()
     elif model.startswith((".", "/", "~")) and not os.path.exists(os.path.expanduser(model)):

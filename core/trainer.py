@@ -37,7 +37,8 @@ from .algorithms.losses import LossConfig
 from .asyncutil import run_sync
 from .errors import ConfigError, RewardFunctionError
 from .plugins import RunHooks
-from .rewards import RewardContext, as_reward, compute_rewards
+from .rewards import RewardContext, compute_rewards
+from .chat_template import set_chat_template_kwargs
 from .loop.loss import advantage_list, batch_logprobs, batch_loss, high_entropy_mask, pack
 from .loop.rollout import rollout_batch
 from .loop.sync import sync_weights as sync_policy_weights
@@ -53,7 +54,7 @@ from .training.components import (
     reference_model,
     sampling_params,
 )
-from .training.agents import trl_agent_options
+from .training.agents import environment_reward_types, environment_rewards, placeholder_rows, trl_agent_options
 from .training.config import GRPOConfig, check_values, validate_components
 from .training.data import PromptCursor, as_rows, check_columns, make_prompt
 from .training.health import RunHealth
@@ -161,7 +162,10 @@ class GRPOTrainer(Trainer):
         if reward_funcs is not None and not isinstance(reward_funcs, (list, tuple)):
             reward_funcs = [reward_funcs]
         extra = [r for r in (reward_funcs or [])]
-        validate_components(args, extra_rewards=len(extra))
+        env_rewards = len(environment_reward_types(environment_factory))
+        validate_components(args, extra_rewards=len(extra), environment_rewards=env_rewards)
+        if train_dataset is None and environment_factory is not None:  # TRL: the environment owns the data
+            train_dataset = placeholder_rows(args, environment_factory)
         self.rows = as_rows(train_dataset)
         self.prompt_column = prompt_column
         self.has_prompt = check_columns(self.rows, prompt_column, "train_dataset")
@@ -173,9 +177,11 @@ class GRPOTrainer(Trainer):
 
         # --- model, tokenizer, components (after every cheap check) ----------------------------
         tokenizer = load_tokenizer(model, processing_class)
+        set_chat_template_kwargs(tokenizer, args.chat_template_kwargs)  # every render of the policy's conversations
         model = apply_peft(load_model(model, args, quantization_config), args, peft_config)
         self.ref_model = reference_model(model, args)
-        self.reward_objects, self.reward_weights = make_rewards(args, extra, reward_processing_classes)
+        self.reward_objects, self.reward_weights = make_rewards(args, extra, reward_processing_classes,
+                                                                     allow_none=env_rewards > 0)
         self.advantage = make_advantage(args)
         self.loss_fn = get_component("loss", args.effective_loss_type)
         super().__init__(
@@ -185,19 +191,13 @@ class GRPOTrainer(Trainer):
         for r in self.reward_objects:  # reward models score on the trainer's device
             if hasattr(r, "model") and isinstance(r.model, torch.nn.Module) and r.model is not self.model:
                 r.model.to(self.args.device)
+            if hasattr(r, "chat_template_kwargs"):
+                r.chat_template_kwargs = dict(args.chat_template_kwargs or {})
         self.sampler = make_sampler(args, self.model, tokenizer, sampler)
         self.scheduler_obj = self.agent.scheduler(args, self.sampler, tokenizer, trainer=self) if self.agent.active else \
             make_scheduler(args, self.sampler, tokenizer, scheduler)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-        env_type = getattr(self.scheduler_obj, "environment_type", None)
-        if env_type is not None and callable(getattr(env_type, "get_reward", None)):
-            # TRL: an environment's get_reward() is one more reward, named after its class, weight 1
-            get_reward = env_type.get_reward
-
-            def env_reward(environments: list[Any], **_: Any) -> list[Any]:
-                return [get_reward(e) if type(e) is env_type else None for e in environments]
-
-            reward = as_reward(env_type.__name__, env_reward)
+        for reward in environment_rewards(self.scheduler_obj):  # TRL: an environment's get_reward(), weight 1
             self.reward_objects.append(reward)
             self.reward_weights[reward.name] = 1.0
         if self.ref_model is not None:

@@ -121,8 +121,13 @@ def test_not_a_source(tmp_path) -> None:
 
 
 def test_a_source_from_a_plugin_that_is_not_loaded_names_the_package() -> None:
-    """Core tests load built-ins only: whether rl-plugin-reasoning-gym is installed (then: it is not in
-    RLCORE_PLUGINS) or not (then: pip install it), the one line names the package."""
+    """Core tests load built-ins only: rl-plugin-reasoning-gym is installed (requirements-dev.txt) but
+    not in RLCORE_PLUGINS, and its metadata (rlcore.components entry points) names it in one line."""
+    from rlcore.plugins import provider_of
+
+    assert provider_of("reasoning_gym") == "rl-plugin-reasoning-gym", (
+        "rl-plugin-reasoning-gym's installed metadata declares no rlcore.components: reinstall it "
+        "(pip install -e plugins/rewards/rl-plugin-reasoning-gym, or pip install -r requirements-dev.txt)")
     with pytest.raises(UnknownComponentError) as err:
         load_rows("reasoning_gym:leg_counting")
     msg = str(err.value)

@@ -185,3 +185,16 @@ def test_broadcast_group_sends_named_tensors_to_every_rank():
     for got in received.values():
         assert set(got) == set(sent)
         assert all(torch.equal(got[n], sent[n]) for n in sent)
+
+
+@pytest.mark.parametrize("spg,ga,iters,want", [(4, 4, 1, 1), (8, 4, 1, 2), (4, 4, 2, 2), (1, 1, 1, 1), (2, 4, 1, 1)])
+def test_prefetch_counts_optimizer_steps_per_generation(spg, ga, iters, want):
+    """steps_per_generation counts micro-steps (TRL's meaning): one generation batch moves
+    global_step by spg × num_iterations / gradient_accumulation_steps optimizer steps, and the
+    async prefetch stops only when that reaches max_steps."""
+    from types import SimpleNamespace
+
+    from rlcore.distributed.dp_trainer import RayGRPOTrainer
+
+    args = SimpleNamespace(steps_per_generation=spg, gradient_accumulation_steps=ga, num_iterations=iters)
+    assert RayGRPOTrainer.optimizer_steps_per_generation.fget(SimpleNamespace(args=args)) == want

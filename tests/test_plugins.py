@@ -32,9 +32,15 @@ def test_unknown_name_lists_available_and_the_provider():
         rlcore.get("reward", "no_such_reward")
     assert "no reward named 'no_such_reward'" in str(err.value)
     assert "env_reward" in str(err.value)
+    from rlcore.plugins import provider_of
+
+    # the hint comes from rl-plugin-math's installed metadata (its rlcore.components entry points)
+    assert provider_of("gsm8k_accuracy") == "rl-plugin-math", (
+        "rl-plugin-math's installed metadata declares no rlcore.components: reinstall it "
+        "(pip install -e plugins/rewards/rl-plugin-math, or pip install -r requirements-dev.txt)")
     with pytest.raises(UnknownComponentError) as err:
         rlcore.get("reward", "gsm8k_accuracy")
-    assert "rl-plugin-math" in str(err.value)
+    assert str(err.value).endswith("(rl-plugin-math is installed but not in RLCORE_PLUGINS)")
     with pytest.raises(UnknownComponentError, match="unknown component kind"):
         rlcore.available("widget")
 
@@ -185,3 +191,17 @@ def test_user_errors_print_one_line_and_exit_2(capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("Error: unknown component kind 'widget'") and "\n" not in err
+
+
+def test_rlcore_plugins_is_the_module_and_still_callable():
+    """``rlcore.plugins`` no longer shadows the module with a function: it is the module, and calling
+    it returns the loaded plugin set as ``rlcore.plugins()`` always did."""
+    import importlib
+    import types as pytypes
+
+    import rlcore.plugins as as_imported
+
+    module = importlib.import_module("rlcore.plugins")
+    assert as_imported is module is rlcore.plugins and isinstance(module, pytypes.ModuleType)
+    assert rlcore.plugins() is module.plugins() and isinstance(rlcore.plugins(), Plugins)
+    assert rlcore.plugins.get is rlcore.get

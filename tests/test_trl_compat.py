@@ -490,3 +490,172 @@ def test_environment_factory_runs_on_rlcore_tool_scheduler(tmp_path: Any) -> Non
     assert logs[0]["rewards/Counting/mean"] == 0.0
     assert trainer.scheduler_obj.tool_manager.names == ["increment"]
     assert "tools/call_frequency" in logs[0] and "tools/failure_frequency" in logs[0]
+
+
+class _Up:
+    def reset(self, **row: Any) -> str:
+        self.row, self.n = row, 0
+        return " (up)"
+
+    def increment(self, by: int) -> str:
+        """Add to the counter.
+
+        Args:
+            by: how much to add
+        """
+        self.n += by
+        return str(self.n)
+
+    def get_reward(self) -> float:
+        return 1.0
+
+
+class _Down:
+    def reset(self, **row: Any) -> None:
+        self.row, self.n = row, 0
+
+    def decrement(self, by: int) -> str:
+        """Subtract from the counter.
+
+        Args:
+            by: how much to subtract
+        """
+        self.n -= by
+        return str(self.n)
+
+    async def get_reward(self) -> float:
+        return -1.0
+
+
+def test_dict_environment_factory_routes_rows_as_on_trl(tmp_path: Any) -> None:
+    """TRL's multi-environment form: the ``environment`` column picks the factory, the row's other
+    columns reach reset(), each environment's get_reward (sync or async) is a reward of its own
+    that scores only its rollouts. (rlcore only: TRL 1.16 refuses tools with the tiny model's chat
+    template — "failed to add response schema" — so the semantics followed are those of
+    trl/trainer/grpo_trainer.py 1.16, ``_generate_and_score_completions`` and ``__init__``.)"""
+    rows = [{"prompt": [{"role": "user", "content": f"Count {i}."}], "environment": "up" if i % 2 == 0 else "down",
+             "solution": str(i)} for i in range(8)]
+    seen: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    res = {}
+    for name, lib in [("rlcore", rlcore)]:
+        got: list[tuple[str, dict[str, Any]]] = []
+        seen[name] = got
+
+        def record(completions: list[Any], environments: list[Any], **kwargs: Any) -> list[float]:
+            got.extend((type(e).__name__, dict(e.row)) for e in environments)
+            return [0.0] * len(completions)
+
+        from rlcore.testing import tiny_model_path
+
+        args = lib.GRPOConfig(**dict(COMMON, output_dir=str(tmp_path / name), max_steps=2, max_tool_calling_iterations=1,
+                                     per_device_train_batch_size=8, num_generations=2, max_completion_length=4))
+        trainer = lib.GRPOTrainer(tiny_model_path(), reward_funcs=record, args=args,
+                                  train_dataset=datasets.Dataset.from_list(rows),
+                                  environment_factory={"up": _Up, "down": _Down})
+        trainer.train()
+        res[name] = [h for h in trainer.state.log_history if "loss" in h and "train_runtime" not in h]
+    assert len(seen["rlcore"]) == 16  # two steps of 8: every row once (one epoch), 2 generations each
+    for got in seen.values():  # every rollout got the env its row named; reset() saw the row without it
+        for env, row in got:
+            assert "environment" not in row and env == ("_Up" if int(row["solution"]) % 2 == 0 else "_Down")
+    import math
+
+    up = [h["rewards/_Up/mean"] for h in res["rlcore"] if not math.isnan(h["rewards/_Up/mean"])]
+    down = [h["rewards/_Down/mean"] for h in res["rlcore"] if not math.isnan(h["rewards/_Down/mean"])]
+    assert up and down and set(up) == {1.0} and set(down) == {-1.0}  # each scores only its own rollouts
+
+
+def test_dict_environment_factory_prompts_render_their_own_tools(tmp_path: Any) -> None:
+    from rlcore.testing import tiny_model_path
+    from rlcore.training.data import make_prompt
+
+    args = rlcore.GRPOConfig(**dict(COMMON, output_dir=str(tmp_path), max_steps=1, max_tool_calling_iterations=1))
+    rows = [{"prompt": [{"role": "user", "content": "Count."}], "environment": e} for e in ("up", "down", "elsewhere")]
+    trainer = rlcore.GRPOTrainer(tiny_model_path(), reward_funcs=Counter(), args=args, train_dataset=rows,
+                                 environment_factory={"up": _Up, "down": _Down})
+    prompts = [make_prompt(r, trainer.processing_class, True, None, None, None) for r in rows]
+    trajs = trainer.rollout(prompts, num_generations=1)
+    tok = trainer.processing_class
+    up, down, other = trajs
+    assert [t["function"]["name"] for t in up.infos["template_tools"]] == ["increment"]
+    assert [t["function"]["name"] for t in down.infos["template_tools"]] == ["decrement"]
+    head_up, head_down = tok.decode(up.prompt_ids), tok.decode(down.prompt_ids)
+    assert "increment" in head_up and "decrement" not in head_up and "(up)" in head_up
+    assert "decrement" in head_down and "increment" not in head_down
+    assert up.status != "failed" and down.status != "failed", (up.reason, down.reason)
+    assert other.status == "failed" and "environment 'elsewhere' is not among environment_factory's" in other.reason
+
+
+def test_environment_factory_without_dataset_trains_for_max_steps(tmp_path: Any) -> None:
+    """TRL: with no train_dataset the environment's reset() writes the prompt; max_steps sets the length."""
+    from rlcore.testing import tiny_model_path
+
+    class Owns:
+        def reset(self, **row: Any) -> str:
+            return "Say a number."
+
+        def get_reward(self) -> float:
+            return 0.5
+
+    for name, lib in LIBS.items():
+        args = lib.GRPOConfig(**dict(COMMON, output_dir=str(tmp_path / name), max_steps=2, max_tool_calling_iterations=1))
+        trainer = lib.GRPOTrainer(tiny_model_path(), reward_funcs=[], args=args, environment_factory=Owns)
+        trainer.train()
+        logs = [h for h in trainer.state.log_history if "loss" in h and "train_runtime" not in h]
+        assert len(logs) == 2 and logs[0]["rewards/Owns/mean"] == 0.5, name
+    with pytest.raises(rlcore.ConfigError, match="set max_steps"):
+        rlcore.GRPOTrainer(tiny_model_path(), reward_funcs=[], args=rlcore.GRPOConfig(**dict(COMMON, output_dir=str(tmp_path / "x"), max_steps=-1)),
+                           environment_factory=Owns)
+
+
+def _thinking_tokenizer() -> Any:
+    """The tiny tokenizer with a Qwen3-style switch: ``enable_thinking=False`` puts an empty think
+    block after the assistant header (in the generation prompt and, as Qwen3's template does for
+    the final turn, in a rendered assistant message)."""
+    from transformers import AutoTokenizer
+
+    from rlcore.testing import tiny_model_path
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_path())
+    tok.chat_template = tok.chat_template.replace(
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
+        "<think>\n\n</think>\n\n{% endif %}{% endif %}")
+    off = "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}"
+    head = "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+    assert head in tok.chat_template
+    tok.chat_template = tok.chat_template.replace(
+        head, "<|im_start|>{{ message['role'] }}\n{% if message['role'] == 'assistant' %}" + off + "{% endif %}{{ message['content'] }}")
+    return tok
+
+
+def test_chat_template_kwargs_render_prompts_as_on_trl(tmp_path: Any) -> None:
+    """TRL's chat_template_kwargs reach the policy's chat template: both trainers feed the model
+    the same prompt tokens (recorded by a rollout_func, which gets the trainer), and rlcore's
+    own rollouts render with them too (their invariant checks included)."""
+    from rlcore.testing import tiny_model_path
+
+    seen: dict[str, list[list[int]]] = {}
+    for name, lib in LIBS.items():
+        tok = _thinking_tokenizer()
+        args = lib.GRPOConfig(**dict(COMMON, output_dir=str(tmp_path / name), max_steps=1,
+                                     chat_template_kwargs={"enable_thinking": False}))
+        trainer = lib.GRPOTrainer(tiny_model_path(), reward_funcs=Counter(), args=args, train_dataset=conversational_rows(),
+                                  processing_class=tok)
+        if name == "trl":
+            ids, _, _ = trainer._tokenize_prompts([[{"role": "user", "content": "What is 1 + 1?"}]])
+            seen[name] = [list(ids[0])]
+        else:
+            from rlcore.training.data import make_prompt
+
+            p = make_prompt({"prompt": [{"role": "user", "content": "What is 1 + 1?"}]}, tok, True, None, None, None)
+            trajs = trainer.rollout([p])
+            assert all(t.status != "failed" for t in trajs), trajs[0].reason
+            seen[name] = [list(trajs[0].prompt_ids)]
+            trainer.train()
+    assert seen["trl"] == seen["rlcore"]
+    assert "<think>\n\n</think>" in _thinking_tokenizer().decode(seen["rlcore"][0])
+    with pytest.raises(rlcore.ConfigError, match="^chat_template_kwargs may not set tools"):
+        rlcore.GRPOConfig(output_dir=str(tmp_path / "x"), chat_template_kwargs={"tools": []})
+    cfg = rlcore.GRPOConfig(output_dir=str(tmp_path / "y"), chat_template_kwargs='{"enable_thinking": false}')
+    assert cfg.chat_template_kwargs == {"enable_thinking": False}

@@ -120,7 +120,7 @@ def completion_logprobs(
     :class:`rlcore.Batch`. Runs the decoder body once, then only the selected positions go through
     the ``lm_head``, in chunks."""
     body, head = _split_model(model)
-    if _is_data_parallel(model):
+    if is_data_parallel(model):
         # DDP all-reduces gradients only for forwards that go through its wrapper. Ask the full model
         # for the final hidden states and a single position of logits (not [B, T, V]).
         out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
@@ -146,7 +146,7 @@ def completion_logprobs(
     return logps, ent_full
 
 
-def _is_data_parallel(model: Any) -> bool:
+def is_data_parallel(model: Any) -> bool:
     """True for torch DDP / FSDP wrappers, whose gradient sync hooks need their own forward."""
     return isinstance(model, torch.nn.parallel.DistributedDataParallel) or type(model).__name__ in (
         "FullyShardedDataParallel", "FSDPModule",

@@ -23,7 +23,7 @@ import concurrent.futures
 import time
 from typing import Any, Sequence
 
-from ..algorithms.logprobs import _is_data_parallel
+from ..algorithms.logprobs import is_data_parallel
 from ..trainer import GRPOTrainer
 from ..types import Trajectory
 from .staleness import filter_stale, staleness_metrics
@@ -65,7 +65,7 @@ class RayGRPOTrainer(GRPOTrainer):
     # --- gradients ---------------------------------------------------------------------------------------
     def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> Any:
         loss = super().training_step(model, inputs, num_items_in_batch)
-        if self.world > 1 and self.accelerator.sync_gradients and not _is_data_parallel(model):
+        if self.world > 1 and self.accelerator.sync_gradients and not is_data_parallel(model):
             allreduce_gradients(self.model)  # DDP-wrapped models were already synced by DDP
         return loss
 
@@ -104,11 +104,19 @@ class RayGRPOTrainer(GRPOTrainer):
         self._dist_metrics.update(staleness_metrics(kept, dropped, version))
         return kept
 
+    @property
+    def optimizer_steps_per_generation(self) -> int:
+        """How far ``global_step`` moves on one generation batch: ``steps_per_generation`` counts
+        micro-steps (TRL's meaning), ``num_iterations`` passes, ``gradient_accumulation_steps``
+        micro-steps per optimizer step."""
+        a = self.args
+        return max(1, int(a.steps_per_generation) * int(a.num_iterations) // max(1, int(a.gradient_accumulation_steps)))
+
     def _prefetch(self, prompts: Sequence[Any]) -> None:
         """Start rolling out ``prompts`` in a background thread (its own event loop) right now —
         unless this generation step is the run's last, when nobody would train on them."""
         max_steps = int(self.state.max_steps or 0)
-        if max_steps and self.state.global_step + int(self.args.steps_per_generation) >= max_steps:
+        if max_steps and self.state.global_step + self.optimizer_steps_per_generation >= max_steps:
             return
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rlcore-prefetch")

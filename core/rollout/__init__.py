@@ -16,7 +16,7 @@ from .scheduler import (
 )
 from .swift_api import ChatCompletionResponse, Messages, ResponseChoice, RolloutOutput
 from .stream import INLINE_ROLE, MessagesEditError, TokenStream
-from .tokens import ChatTemplateError, encode_observation, encode_prompt, render, template_delta
+from ..chat_template import ChatTemplateError, encode_observation, encode_prompt, render, template_delta
 from .tools import EnvTool, ToolCall, ToolManager, ToolScheduler, parse_tool_calls
 
 __all__ = [

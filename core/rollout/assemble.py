@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from ..errors import RlcoreError
 from ..types import Completion, Trajectory, Turn
-from . import tokens as tk
+from .. import chat_template as tk
 from .swift_api import RolloutOutput
 
 _SENTINEL = "\u2063RLCORE-MSG-{}\u2063"

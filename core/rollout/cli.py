@@ -82,10 +82,7 @@ def check_options(opts: dict[str, Any]) -> None:
 
 async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
     """The command's work as a coroutine (tests call it in-process)."""
-    from .. import plugins as _p  # noqa: F401
-    import importlib
-
-    registry = importlib.import_module("rlcore.plugins")
+    from .. import plugins as registry
     check_options(opts)
     from ..data import load_prompts, parse_dataset_options
     from ..plugins import RunHooks
@@ -118,7 +115,7 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
 
     model = opts["model"]
     if model is None:
-        from ..testing import tiny_model_path
+        from ..demo import tiny_model_path
 
         model = tiny_model_path()
     sampler = sampler_factory(model=model, **sampler_opts)
@@ -177,7 +174,7 @@ def check_rollouts_command(path: str, model: str | None, tools_path: str | None,
     from .invariants import check_batch
 
     if model is None:
-        from ..testing import tiny_model_path
+        from ..demo import tiny_model_path
 
         model = tiny_model_path()
     from transformers import AutoTokenizer

@@ -21,7 +21,7 @@ from ..envs import Env, EnvStep
 from ..errors import EnvError, one_line
 from ..types import Completion, SamplingParams, Trajectory
 from .scheduler import MultiTurnScheduler
-from .tokens import encode_prompt
+from ..chat_template import encode_prompt
 
 
 class EnvScheduler(MultiTurnScheduler):

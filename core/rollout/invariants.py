@@ -30,7 +30,7 @@ from typing import Any, Iterable, Sequence
 import attrs
 
 from ..types import Trajectory
-from . import tokens as tk
+from .. import chat_template as tk
 
 STATUSES = ("ok", "truncated", "failed")
 
@@ -74,6 +74,9 @@ def check_trajectory(
     backend that returns no logprobs at all is allowed: importance-sampling correction is then off
     for the trajectory; some present and some missing means they were lost or misaligned)."""
     out: list[Violation] = []
+    own_tools = traj.infos.get("template_tools")
+    if isinstance(own_tools, list):  # this trajectory's template rendered its own tools
+        tools, closing = own_tools, None
     if traj.status not in STATUSES:
         out.append(Violation(traj.uuid, "status", f"status {traj.status!r} is not one of {', '.join(STATUSES)}"))
     if traj.status == "failed":

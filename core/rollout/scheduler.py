@@ -126,6 +126,13 @@ class RolloutScheduler:
             return tools
         return None
 
+    def tools_for(self, trajectory: Trajectory) -> list[dict[str, Any]] | None:
+        """The tool schemas ``trajectory``'s chat template renders: its own
+        (``infos["template_tools"]``, set when trajectories of one batch offer different tools, as
+        TRL's dict of ``environment_factory`` does) or the scheduler's."""
+        own = trajectory.infos.get("template_tools")
+        return own if isinstance(own, list) else self.template_tools
+
     @staticmethod
     def _extract_logprobs_from_choice(response_choice: Any) -> list[float]:
         """ms-swift's helper: the choice's per-token logprobs, ``[]`` when it has none."""
@@ -217,8 +224,8 @@ class RolloutScheduler:
         if st is None:
             tok = self._require_tokenizer()
             if not trajectory.turns:
-                sync_prompt(tok, trajectory, self.template_tools)
-            st = TokenStream.start(tok, trajectory, self.template_tools)
+                sync_prompt(tok, trajectory, self.tools_for(trajectory))
+            st = TokenStream.start(tok, trajectory, self.tools_for(trajectory))
             self._streams[trajectory.uuid] = st
         return st
 
@@ -315,7 +322,7 @@ def sync_prompt(tokenizer: Any, trajectory: Trajectory, tools: list[dict[str, An
     the messages — ms-swift's GYMScheduler seeds system prompt and first observation — and leave
     the dataset row's prompt tokens). Left-truncated prompts (max_prompt_length) and TRL-style
     untemplated text prompts are kept."""
-    from . import tokens as tk
+    from .. import chat_template as tk
 
     if not trajectory.messages:
         return

@@ -23,7 +23,7 @@ import attrs
 
 from ..errors import RlcoreError
 from ..types import Completion, Trajectory, Turn
-from . import tokens as tk
+from .. import chat_template as tk
 
 #: Turn.role of loss-mask-0 text placed *inside* the current assistant message (continuations).
 INLINE_ROLE = "continuation"

@@ -24,7 +24,7 @@ from ..asyncutil import to_thread_if_sync
 from ..bounded import DEFAULT_TIMEOUT
 from ..types import Completion, Trajectory
 from .scheduler import MultiTurnScheduler
-from .tokens import encode_prompt
+from ..chat_template import encode_prompt
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 #: A tool's answer longer than this is cut (the model's context is the limit that matters).

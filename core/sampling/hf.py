@@ -23,24 +23,17 @@ import os
 import threading
 from typing import Any
 
-import attrs
-
 from ..errors import ConfigError, SamplerError
 from ..types import Completion, SamplingParams
 from .base import Sampler, WeightsLike
 from .batcher import BatchHandle, MicroBatcher
+from .hf_decode import Request
 from .stops import StopChecker, default_stop_ids
 
 
 #: forwards below this many FLOPs (~2 x parameters x new tokens) run on one CPU thread: OpenMP's
 #: fork/join per op costs more than it saves there, and far more when the cores are shared
 PARALLEL_MIN_FLOPS = 2e8
-
-
-@attrs.define
-class _Request:
-    prompt_ids: list[int]
-    params: SamplingParams
 
 
 class HFSampler(Sampler):
@@ -124,7 +117,7 @@ class HFSampler(Sampler):
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_token_id = int(pad if pad is not None else (getattr(tokenizer, "eos_token_id", None) or 0))
         self.default_stop_token_ids = default_stop_ids(tokenizer, self.model)
-        self._cache_kw = _cache_kwarg(self.model)
+        self.cache_kwarg = _cache_kwarg(self.model)
         self._rng = torch.Generator().manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
         self._lock = threading.RLock()  # a batch and a weight load never overlap
         self._asleep = False
@@ -141,7 +134,7 @@ class HFSampler(Sampler):
         if why and decode == "static":
             raise ConfigError(f"hf sampler decode='static' cannot serve this model: {why}; use decode='auto' or 'dynamic'")
         self._static_ok = decode == "static" or (decode == "auto" and why is None and self.device.type == "cuda")
-        self._batcher: MicroBatcher[_Request] = MicroBatcher(
+        self._batcher: MicroBatcher[Request] = MicroBatcher(
             self._run_batch, window_s=batch_window_ms / 1000.0, max_batch_size=max_batch_size, name="hf sampler",
             max_wait_s=None if max_batch_wait_ms is None else max_batch_wait_ms / 1000.0, streaming=True,
         )
@@ -150,12 +143,12 @@ class HFSampler(Sampler):
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
         """One completion; concurrent calls are batched together."""
         self._check_request(prompt_ids, params)
-        return await self._batcher.submit_async(_Request(list(prompt_ids), params))
+        return await self._batcher.submit_async(Request(list(prompt_ids), params))
 
     def generate_sync(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
         """Blocking form for scripts and benchmarks."""
         self._check_request(prompt_ids, params)
-        return self._batcher.submit(_Request(list(prompt_ids), params)).result()
+        return self._batcher.submit(Request(list(prompt_ids), params)).result()
 
     def update_weights(self, weights: WeightsLike, *, lora: bool = False, version: int | None = None) -> None:
         """Copy new weights into the model in place (waits for the running batch to finish)."""
@@ -190,6 +183,11 @@ class HFSampler(Sampler):
         import asyncio
 
         await asyncio.to_thread(self._batcher.close)
+
+    @property
+    def max_batch_size(self) -> int:
+        """The most sequences decoded together (the decode loops size their batches by it)."""
+        return self._batcher.max_batch_size
 
     @property
     def batch_sizes(self) -> list[int]:
@@ -227,7 +225,7 @@ class HFSampler(Sampler):
         if torch.get_num_threads() != want:
             torch.set_num_threads(want)  # per-thread: the worker's setting only
 
-    def _run_batch(self, handle: BatchHandle[_Request]) -> None:
+    def _run_batch(self, handle: BatchHandle[Request]) -> None:
         import torch
 
         from .hf_decode import Decoder

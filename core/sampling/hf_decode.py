@@ -19,22 +19,53 @@ rollout keeps a cache as long as its longest live row, not as long as the rollou
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+import attrs
 import torch
 import torch.nn.functional as F
 
-from ..types import Completion
+from ..types import Completion, SamplingParams
 from .batcher import BatchHandle
 from .processing import counter_uniforms, row_tensors, sample_step, seed_words
 from .stops import StopChecker
 
-if TYPE_CHECKING:
-    from .hf import HFSampler, _Request
+
+
+@attrs.define
+class Request:
+    """One queued ``generate`` call: the prompt's token ids and its sampling parameters."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+
+
+class DecodeHost(Protocol):
+    """What a decode loop needs from the sampler that owns it (:class:`~rlcore.sampling.hf.HFSampler`
+    is one): the model and its limits, the batch size, and two calls. The loops see nothing else, so
+    they import no sampler module and a sampler's internals can change without them."""
+
+    model: Any
+    tokenizer: Any
+    device: torch.device
+    vocab_size: int
+    pad_token_id: int
+    max_model_len: int
+    default_stop_token_ids: list[int]
+    cache_kwarg: str  # the forward's KV-cache argument: ``cache`` (transformers 5) or ``past_key_values``
+    join_window_s: float
+    policy_version: int
+
+    @property
+    def max_batch_size(self) -> int: ...
+
+    def set_threads_for(self, tokens: int) -> None: ...
+
+    def draw_seed(self) -> int: ...
 
 
 
-def prefill(sampler: Any, reqs: list[Any], dev: torch.device) -> tuple[Any, torch.Tensor, torch.Tensor, list[int]]:
+def prefill(sampler: DecodeHost, reqs: list[Request], dev: torch.device) -> tuple[Any, torch.Tensor, torch.Tensor, list[int]]:
     """One left-padded forward over the prompts of ``reqs`` (both decode paths admit rows with it):
     the model output (cache, last-position logits), the padded ids, the attention mask, the prompt lengths."""
     lens = [len(r.prompt_ids) for r in reqs]
@@ -51,7 +82,7 @@ def prefill(sampler: Any, reqs: list[Any], dev: torch.device) -> tuple[Any, torc
     return out, ids, attn, lens
 
 
-def stop_checker(sampler: Any, params: Any, prompt_len: int) -> StopChecker:
+def stop_checker(sampler: DecodeHost, params: SamplingParams, prompt_len: int) -> StopChecker:
     """The stop rules of one request, its token budget cut to what the context window leaves."""
     return StopChecker(
         sampler.tokenizer, max_tokens=min(params.max_tokens, sampler.max_model_len - prompt_len),
@@ -76,7 +107,7 @@ def _left_pad(t: torch.Tensor, pad: int, dim: int) -> torch.Tensor:
 class Decoder:
     """Decodes one streaming batch of :class:`~rlcore.sampling.hf.HFSampler` requests."""
 
-    def __init__(self, sampler: "HFSampler", handle: BatchHandle["_Request"]) -> None:
+    def __init__(self, sampler: DecodeHost, handle: BatchHandle[Request]) -> None:
         self.s = sampler
         self.handle = handle
         self.dev = sampler.device
@@ -150,7 +181,7 @@ class Decoder:
         model's mode (a shared trainer module must be back in its own mode when the last waiter wakes)."""
         self.admit(list(range(len(self.handle.items))))
         can_join = self.plain_cache = _can_merge(self.cache)
-        limit = self.s._batcher.max_batch_size
+        limit = self.s.max_batch_size
         while self.active:
             if can_join and len(self.active) < limit:
                 self._maybe_admit(limit - len(self.active))
@@ -222,7 +253,7 @@ class Decoder:
         self.attn = torch.cat([self.attn, torch.ones((len(self.active), 1), dtype=self.attn.dtype, device=self.dev)], 1)
         self.s.set_threads_for(len(self.active))
         out = self.s.model(input_ids=tokens.unsqueeze(1), attention_mask=self.attn, position_ids=position_ids,
-                           use_cache=True, **{self.s._cache_kw: self.cache})
+                           use_cache=True, **{self.s.cache_kwarg: self.cache})
         self.cache, self.logits = _cache_of(out), out.logits[:, -1, :]
 
     def _completion(self, i: int) -> Completion:

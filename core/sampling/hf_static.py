@@ -32,18 +32,16 @@ keeps the dynamic loop on CPU; it exists on CPU so that its exactness is tested 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from ..types import Completion
 from .batcher import BatchHandle
-from .hf_decode import prefill, stop_checker
+from .hf_decode import DecodeHost, Request, prefill, stop_checker
 from .processing import counter_uniforms, needs_truncation, row_tensors, sample_step, seed_words
 
-if TYPE_CHECKING:
-    from .hf import HFSampler, _Request
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +135,7 @@ class StaticEngine:
     """The static cache, the per-slot sampling state and the captured graphs. Owned by the sampler
     and kept across batches (graphs are captured once per bucket and sampling features)."""
 
-    def __init__(self, sampler: "HFSampler", use_graphs: bool) -> None:
+    def __init__(self, sampler: DecodeHost, use_graphs: bool) -> None:
         self.s = sampler
         self.dev = sampler.device
         self.vocab = sampler.vocab_size
@@ -174,7 +172,7 @@ class StaticEngine:
         slots are carried over when the buffers grow (graphs over the old buffers are dropped)."""
         n_layers, (_, hkv, _, d), dtype = len(kv), kv[0][0].shape, kv[0][0].dtype
         shape = (n_layers, hkv, d, dtype)
-        limit = max(rows, bucket(self.s._batcher.max_batch_size))
+        limit = max(rows, bucket(self.s.max_batch_size))
         if self.kv_shape == shape and rows <= self.cap and length <= self.max_len:
             return
         new_cap = max(bucket(rows), min(limit, 2 * self.cap)) if self.kv_shape == shape else bucket(rows)
@@ -271,7 +269,7 @@ class StaticEngine:
         mask = torch.where(self.cols.unsqueeze(0) <= pos.unsqueeze(1), 0.0, self.neg).to(self.neg.dtype)
         cache = SlotCache([k[:b] for k in self.k], [v[:b] for v in self.v], self.slot_ids[:b], pos)
         out = self.s.model(input_ids=tok.unsqueeze(1), attention_mask=mask[:, None, None, :], position_ids=pos.unsqueeze(1),
-                           use_cache=True, **{self.s._cache_kw: cache})
+                           use_cache=True, **{self.s.cache_kwarg: cache})
         st["logits"][:b].copy_(out.logits[:, -1])
         st["pos"][:b].add_(1)
 
@@ -344,7 +342,7 @@ def _no_autocast_cache() -> Any:
 class StaticDecoder:
     """Decodes one streaming batch of :class:`~rlcore.sampling.hf.HFSampler` requests on the static path."""
 
-    def __init__(self, sampler: "HFSampler", handle: BatchHandle["_Request"], engine: StaticEngine) -> None:
+    def __init__(self, sampler: DecodeHost, handle: BatchHandle[Request], engine: StaticEngine) -> None:
         self.s = sampler
         self.handle = handle
         self.e = engine
@@ -410,7 +408,7 @@ class StaticDecoder:
         caller answers them after restoring the model's mode, as the dynamic loop does)."""
         self.e.check_model()
         self.admit(list(range(len(self.handle.items))))
-        limit = self.s._batcher.max_batch_size
+        limit = self.s.max_batch_size
         pending: tuple | None = None
         while True:
             launched = self._launch()

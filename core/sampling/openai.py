@@ -175,7 +175,7 @@ class OpenAISampler(Sampler):
         self.timeout, self.connect_timeout = timeout, connect_timeout
         self.max_retries, self.backoff, self.max_backoff = max(0, max_retries), backoff, max_backoff
         self.max_connections = max_connections
-        from .vllm_worker import DEFAULT_BUCKET_BYTES
+        from .weights import DEFAULT_BUCKET_BYTES
 
         if server_logprobs_mode is not None and server_logprobs_mode not in LOGPROBS_MODES:
             raise ConfigError(f"openai sampler: server_logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {server_logprobs_mode!r}")
@@ -391,7 +391,7 @@ class OpenAISampler(Sampler):
     def update_weights(self, weights: WeightsLike, *, lora: bool = False, version: int | None = None) -> None:
         """Write the tensors to ``sync_dir`` bucket by bucket and have the server load each (see the
         module docstring); asleep, the server's weights are woken first."""
-        from .vllm_worker import RPC_LOAD_FROM_PATH, default_sync_dir, sync_in_buckets
+        from .weights import RPC_LOAD_FROM_PATH, default_sync_dir, sync_in_buckets
 
         if lora:
             raise SamplerError(

@@ -42,7 +42,7 @@ from ..types import Completion, SamplingParams
 from .base import Sampler, WeightsLike
 from .batcher import MicroBatcher
 from .vllm_support import MAX_VERSION_EXCLUSIVE, MIN_VERSION, PROCESSED, RAW, SUPPORTED_RANGE, logprob_mismatch, parse_version
-from .vllm_worker import DEFAULT_BUCKET_BYTES, RPC_LOAD_FROM_PATH, default_sync_dir, sync_in_buckets
+from .weights import DEFAULT_BUCKET_BYTES, RPC_LOAD_FROM_PATH, default_sync_dir, sync_in_buckets
 
 log = logging.getLogger(__name__)
 

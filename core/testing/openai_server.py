@@ -207,7 +207,7 @@ def build_app(server: "OpenAICompatServer") -> Any:
         if "weights" in server.sleeping:
             return _error(500, "CUDA error: an illegal memory access was encountered", "InternalServerError")
         kwargs = body.get("kwargs") or {}
-        from ..sampling.vllm_worker import read_weights
+        from ..sampling.weights import read_weights
 
         try:
             weights = read_weights(kwargs["path"])

@@ -10,8 +10,11 @@ from pathlib import Path
 from typing import Iterator
 
 
-def write_plugin_package(root: Path, dist: str, module: str, source: str, entry_point: str | None = None) -> Path:
-    """Create ``root/dist`` holding a one-module plugin package with an ``rlcore`` entry point."""
+def write_plugin_package(root: Path, dist: str, module: str, source: str, entry_point: str | None = None,
+                         components: tuple[str, ...] = ()) -> Path:
+    """Create ``root/dist`` holding a one-module plugin package with an ``rlcore`` entry point
+    (and the ``components`` it declares in the ``rlcore.components`` group)."""
+    declared = "".join(f'{name} = "{module}"\n' for name in components)
     pkg = Path(root) / dist
     (pkg / module).mkdir(parents=True, exist_ok=True)
     (pkg / module / "__init__.py").write_text(textwrap.dedent(source))
@@ -30,6 +33,12 @@ def write_plugin_package(root: Path, dist: str, module: str, source: str, entry_
             [project.entry-points.rlcore]
             {entry_point or module} = "{module}"
 
+            [project.entry-points."rlcore.components"]
+            """
+        )
+        + declared
+        + textwrap.dedent(
+            f"""
             [tool.setuptools]
             packages = ["{module}"]
             """

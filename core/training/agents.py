@@ -5,8 +5,10 @@
   unbounded default becomes rlcore's hard turn cap).
 * ``environment_factory=Env`` → one ``Env()`` per trajectory: ``reset(**row)`` may return text that
   is appended to the last prompt message (TRL's rule), the instance's public methods are its tools,
-  a ``get_reward()`` method becomes a reward named after the class, and TRL-style rewards get the
-  instances as ``environments``.
+  a ``get_reward()`` method (sync or async) becomes a reward named after the class, and TRL-style
+  rewards get the instances as ``environments``. A dict ``{name: factory}`` routes each row by its
+  ``environment`` column, each prompt rendering its own environment's tools. With no
+  ``train_dataset``, ``reset()`` writes the prompt and ``max_steps`` sets the length.
 * ``rollout_func=fn`` → :class:`RolloutFuncScheduler`: ``fn(prompts, trainer)`` is called once per
   generation batch with the raw prompts (one per trajectory, ``num_generations`` consecutive copies
   of each, as TRL passes them) and returns ``prompt_ids``, ``completion_ids`` and ``logprobs``
@@ -28,7 +30,7 @@ import attrs
 from ..errors import ConfigError
 from ..rollout.scheduler import MAX_TURNS_HARD_CAP, RolloutScheduler
 from ..rollout.tools import ToolManager, ToolScheduler
-from ..rollout.tokens import encode_prompt
+from ..chat_template import encode_prompt
 from ..types import Trajectory, Turn
 
 
@@ -72,9 +74,8 @@ def trl_agent_options(args: Any, tools: Any, environment_factory: Any, rollout_f
         if tools or environment_factory is not None or scheduler is not None or args.scheduler != "default":
             raise ConfigError("rollout_func produces the completions itself; do not also pass tools, "
                               "environment_factory or a scheduler")
-    if isinstance(environment_factory, dict):
-        raise ConfigError("a dict of environment_factory (several environments) is not supported; pass one factory, "
-                          "or an rlcore env scheduler")
+    if isinstance(environment_factory, dict) and not environment_factory:
+        raise ConfigError("environment_factory is an empty dict; map each environment name to a factory")
     if (tools or environment_factory is not None) and (scheduler is not None or args.scheduler != "default"):
         raise ConfigError("tools/environment_factory choose rlcore's tool scheduler; do not also set scheduler")
     if tools is not None and not isinstance(tools, (list, tuple)):
@@ -82,7 +83,7 @@ def trl_agent_options(args: Any, tools: Any, environment_factory: Any, rollout_f
     for t in tools or []:
         if not callable(t):
             raise ConfigError(f"tool {t!r} is not callable; tools are Python functions")
-    if environment_factory is not None and not callable(environment_factory):
+    if environment_factory is not None and not callable(environment_factory) and not isinstance(environment_factory, dict):
         raise ConfigError("environment_factory must be a callable returning an environment (a class works)")
     return AgentOptions(list(tools or []), environment_factory, rollout_func)
 
@@ -101,20 +102,40 @@ class TRLToolScheduler(ToolScheduler):
 
 
 class EnvironmentToolScheduler(TRLToolScheduler):
-    """TRL's ``environment_factory`` semantics on rlcore's tool loop (see the module docstring)."""
+    """TRL's ``environment_factory`` semantics on rlcore's tool loop (see the module docstring).
+
+    A dict ``{name: factory}`` is TRL's multi-environment form: each row's ``environment`` column
+    names its factory, the row's other columns go to ``reset``, and each trajectory's prompt
+    renders the tools of its own environment (``infos["template_tools"]``)."""
 
     name = "trl_environment"
 
-    def __init__(self, sampler: Any = None, *, environment_factory: Callable[[], Any], tools: Any = None, **kwargs: Any) -> None:
-        probe = environment_factory()
-        if not callable(getattr(probe, "reset", None)):
-            raise ConfigError("the environment from environment_factory must define reset()")
-        self.environment_factory = environment_factory
-        self.environment_type = type(probe)
-        self._pool: list[Any] = [probe]
-        self.environments: dict[str, Any] = {}
+    def __init__(self, sampler: Any = None, *, environment_factory: Any, tools: Any = None, **kwargs: Any) -> None:
+        self.multi = isinstance(environment_factory, dict)
+        self.factories: dict[Any, Callable[[], Any]] = dict(environment_factory) if self.multi else {None: environment_factory}
         self._standalone = list(tools or [])
-        super().__init__(sampler, tools=ToolManager(self._standalone + env_methods(probe)), **kwargs)
+        self._pools: dict[Any, list[Any]] = {}
+        self._schemas: dict[Any, list[dict[str, Any]]] = {}
+        union: dict[str, Callable[..., Any]] = {getattr(t, "__name__", repr(t)): t for t in self._standalone}
+        self.environment_types: list[type] = []
+        for name, factory in self.factories.items():
+            if not callable(factory):
+                raise ConfigError(f"environment_factory[{name!r}] is not callable; give a class or a function returning an environment")
+            probe = factory()
+            if not callable(getattr(probe, "reset", None)):
+                label = "the environment from environment_factory" + (f"[{name!r}]" if self.multi else "")
+                raise ConfigError(f"{label} must define reset()")
+            self._pools[name] = [probe]
+            methods = env_methods(probe)
+            self._schemas[name] = ToolManager(self._standalone + methods).schemas
+            for m in methods:
+                union.setdefault(m.__name__, m)
+            if type(probe) not in self.environment_types:
+                self.environment_types.append(type(probe))
+        self.environment_factory = environment_factory
+        self.environment_type = self.environment_types[0]
+        self.environments: dict[str, Any] = {}
+        super().__init__(sampler, tools=ToolManager(list(union.values())), **kwargs)
 
     def environment_for(self, trajectory: Trajectory) -> Any:
         return self.environments.get(trajectory.uuid)
@@ -125,17 +146,28 @@ class EnvironmentToolScheduler(TRLToolScheduler):
             t.infos.setdefault("tool_errors", 0)
         self.environments = {}
         tok = self._require_tokenizer()
-        for i, t in enumerate(trajectories):
-            while len(self._pool) <= i:
-                self._pool.append(self.environment_factory())
-            env = self._pool[i]
+        handed: dict[Any, int] = {}
+        for t in trajectories:
+            name = t.data.get("environment") if self.multi else None
+            if name not in self.factories:
+                t.fail(f"row's environment {name!r} is not among environment_factory's ({', '.join(map(repr, self.factories))}); "
+                       "fix the dataset's environment column")
+                continue
+            pool, i = self._pools[name], handed.get(name, 0)
+            handed[name] = i + 1
+            if i == len(pool):
+                pool.append(self.factories[name]())
+            env = pool[i]
             self.environments[t.uuid] = env
-            observation = env.reset(**dict(t.data))
+            row = {k: v for k, v in t.data.items() if k != "environment"} if self.multi else dict(t.data)
+            observation = env.reset(**row)
             if observation is not None and t.messages:
                 last = t.messages[-1]
                 t.messages[-1] = {**last, "content": str(last.get("content") or "") + str(observation)}
+            if self.multi:
+                t.infos["template_tools"] = self._schemas[name]
             if t.status == "running" and t.messages:
-                t.prompt_ids = encode_prompt(tok, t.messages, tools=self.tools)
+                t.prompt_ids = encode_prompt(tok, t.messages, tools=self.tools_for(t))
 
     async def step(self, infer_request: Trajectory, response_choice: Any, current_turn: int) -> dict[str, Any]:
         env = self.environment_for(infer_request)
@@ -146,6 +178,53 @@ class EnvironmentToolScheduler(TRLToolScheduler):
         infos["tool_calls"] = int(infos.get("tool_calls", 0)) + len(replies)
         infos["tool_errors"] = int(infos.get("tool_errors", 0)) + sum(1 for r in replies if str(r["content"]).startswith("Error:"))
         return {"infer_request": infer_request}
+
+
+def placeholder_rows(args: Any, environment_factory: Any) -> list[dict[str, Any]]:
+    """TRL: with no ``train_dataset`` the environment's ``reset()`` writes the prompt; one generation
+    batch of empty user prompts drives the loop and ``max_steps`` sets its length."""
+    if isinstance(environment_factory, dict):
+        raise ConfigError("a dict environment_factory needs a train_dataset with an environment column naming each "
+                          "row's environment; pass train_dataset=")
+    if not args.max_steps or args.max_steps <= 0:
+        raise ConfigError("without a train_dataset (the environment writes the prompt in reset()), set max_steps "
+                          "to say how long to train")
+    n = max(1, int(args.prompts_per_generation))
+    return [{"prompt": [{"role": "user", "content": ""}]} for _ in range(n)]
+
+
+def environment_reward_types(environment_factory: Any) -> list[type]:
+    """The environment classes (of one factory or a dict of them) that own a reward (``get_reward``),
+    known before the model loads: a class is read, a factory function is called once."""
+    if environment_factory is None:
+        return []
+    factories = environment_factory.values() if isinstance(environment_factory, dict) else [environment_factory]
+    out: list[type] = []
+    for factory in factories:
+        kind = factory if inspect.isclass(factory) else (type(factory()) if callable(factory) else None)
+        if kind is not None and callable(getattr(kind, "get_reward", None)) and kind not in out:
+            out.append(kind)
+    return out
+
+
+def environment_rewards(scheduler: Any) -> list[Any]:
+    """TRL: each environment class with a ``get_reward()`` is one more reward, named after the class
+    (weight 1), scoring only the trajectories whose environment is exactly that class."""
+    from ..rewards import as_reward
+
+    out = []
+    for env_type in getattr(scheduler, "environment_types", None) or []:
+        get_reward = getattr(env_type, "get_reward", None)
+        if not callable(get_reward):
+            continue
+        if inspect.iscoroutinefunction(get_reward):
+            async def env_reward(environments: list[Any], _t: type = env_type, **_: Any) -> list[Any]:
+                return [await _t.get_reward(e) if type(e) is _t else None for e in environments]
+        else:
+            def env_reward(environments: list[Any], _t: type = env_type, **_: Any) -> list[Any]:  # type: ignore[misc]
+                return [_t.get_reward(e) if type(e) is _t else None for e in environments]
+        out.append(as_reward(env_type.__name__, env_reward))
+    return out
 
 
 #: what TRL requires of a rollout_func's output

@@ -155,7 +155,7 @@ def make_scheduler(args: GRPOConfig, sampler: Any, tokenizer: Any, scheduler: An
 
 
 def make_rewards(args: GRPOConfig, reward_funcs: Sequence[Any] | None,
-                 reward_processing_classes: Any = None) -> tuple[list[Reward], dict[str, float]]:
+                 reward_processing_classes: Any = None, allow_none: bool = False) -> tuple[list[Reward], dict[str, float]]:
     """Reward objects (registered names from the config, plus functions/objects passed in, TRL
     style: functions, registered names, reward models or their paths) and the weight of each."""
     from .reward_models import RewardModel, is_reward_model, load_reward_model
@@ -180,7 +180,7 @@ def make_rewards(args: GRPOConfig, reward_funcs: Sequence[Any] | None,
             rewards.append(RewardModel(fn, proc))
         else:
             rewards.append(as_reward(getattr(fn, "__name__", None) or type(fn).__name__, fn))
-    if not rewards:
+    if not rewards and not allow_none:
         raise ConfigError("no reward: pass --reward NAME (see `rlcore components reward`) or reward_funcs=")
     names = [r.name for r in rewards]
     if len(set(names)) != len(names):

@@ -128,13 +128,13 @@ class GRPOConfig(TrainingArguments):
     vllm_importance_sampling_clip_min: float | None = field(default=None, metadata={"help": "is_min_threshold used with use_vllm."})
     vllm_importance_sampling_cap: float | None = field(default=None, metadata={"help": "Deprecated in TRL: vllm_importance_sampling_clip_max."})
     max_tool_calling_iterations: int | None = field(default=None, metadata={"help": "With tools: most tool rounds per trajectory (max_turns = this + 1)."})
+    chat_template_kwargs: dict | str | None = field(default=None, metadata={"help": "Extra keyword arguments for the chat template wherever the policy's prompts and turns are rendered (e.g. {\"enable_thinking\": false}); a JSON object on the command line."})
 
     # --- TRL options rlcore refuses unless left at TRL's default (rlcore.training.trl_fields) ----
     router_aux_loss_coef: float | None = field(default=None, metadata={"help": "Not supported (TRL MoE option)."})
     cast_lm_head_to_fp32: bool = field(default=False, metadata={"help": "Not supported."})
     ds3_gather_for_generation: bool = field(default=True, metadata={"help": "Not supported (DeepSpeed ZeRO-3 generation)."})
     pad_to_multiple_of: str | None = field(default="auto", metadata={"help": "Not supported."})
-    chat_template_kwargs: dict | None = field(default=None, metadata={"help": "Not supported: edit the tokenizer's chat template."})
     cache_implementation: str | None = field(default=None, metadata={"help": "Not supported."})
     vllm_model_impl: str = field(default="vllm", metadata={"help": "Not supported: sampler_options engine_args."})
     vllm_structured_outputs_regex: str | None = field(default=None, metadata={"help": "Not supported."})
@@ -160,7 +160,7 @@ class GRPOConfig(TrainingArguments):
     lora_target_modules: list[str] | None = field(default=None, metadata={"help": "Modules to adapt (default: all linear layers)."})
 
     def __post_init__(self) -> None:
-        for name in _DICT_FIELDS + ("model_init_kwargs", "generation_kwargs"):
+        for name in _DICT_FIELDS + ("model_init_kwargs", "generation_kwargs", "chat_template_kwargs"):
             value = getattr(self, name)
             if isinstance(value, str):
                 try:
@@ -173,6 +173,10 @@ class GRPOConfig(TrainingArguments):
                 raise ConfigError(f"{name} must be a JSON object, got {type(value).__name__}")
             setattr(self, name, value)
         check_refused(self)
+        if self.chat_template_kwargs:
+            from ..chat_template import check_chat_template_kwargs
+
+            check_chat_template_kwargs(self.chat_template_kwargs)
         if self.generation_batch_size is not None and self.steps_per_generation is not None:
             raise ConfigError("set generation_batch_size or steps_per_generation, not both")
         if self.bf16 is None:  # TRL: on unless fp16; rlcore: only where a GPU supports it (the CPU demo stays fp32)
@@ -303,9 +307,10 @@ def check_values(cfg: GRPOConfig) -> None:
         raise ConfigError(f"max_turns must be at least 1, got {cfg.max_turns}")
 
 
-def validate_components(cfg: GRPOConfig, extra_rewards: int = 0) -> None:
+def validate_components(cfg: GRPOConfig, extra_rewards: int = 0, environment_rewards: int = 0) -> None:
     """Every component name resolves (UnknownComponentError names the culprit and a package to
-    install) and reward weights line up with rewards."""
+    install) and reward weights line up with rewards (``environment_rewards`` — TRL environments'
+    ``get_reward`` — count as a reward source but take no weight: theirs is 1)."""
     from ..plugins import plugins
 
     p = plugins()
@@ -317,7 +322,7 @@ def validate_components(cfg: GRPOConfig, extra_rewards: int = 0) -> None:
     for name in names:
         p.get("reward", name)
     n = len(names) + extra_rewards
-    if n == 0:
+    if n + environment_rewards == 0:
         raise ConfigError("no reward: pass --reward NAME (see `rlcore components reward`) or reward_funcs=")
     if cfg.reward_weights is not None and len(cfg.reward_weights) != n:
         raise ConfigError(f"reward_weights has {len(cfg.reward_weights)} values for {n} rewards; give one per reward")

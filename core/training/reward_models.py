@@ -61,12 +61,15 @@ class RewardModel(Reward):
         if device is not None:
             self.model.to(device)
         self.errors = 0
+        #: TRL's chat_template_kwargs apply to a reward model's conversational texts too
+        self.chat_template_kwargs: dict[str, Any] = {}
 
     def texts(self, prompts: list[Any], completions: list[Any]) -> list[str]:
         out = []
         for p, c in zip(prompts, completions):
             if isinstance(p, list):
-                out.append(self.tokenizer.apply_chat_template(list(p) + list(c), tokenize=False))
+                out.append(self.tokenizer.apply_chat_template(list(p) + list(c), tokenize=False,
+                                                               **self.chat_template_kwargs))
             else:
                 out.append(str(p) + str(c))
         return out

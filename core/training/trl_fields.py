@@ -19,7 +19,6 @@ REFUSED: dict[str, tuple[Any, str]] = {
     "cast_lm_head_to_fp32": (False, "load the model in float32 (model_init_kwargs={'dtype': 'float32'}) instead"),
     "ds3_gather_for_generation": (True, "rlcore does not run generation under DeepSpeed ZeRO-3; use sampler='vllm' for large models"),
     "pad_to_multiple_of": ("auto", "rlcore pads each micro-batch to its longest row; leave it unset"),
-    "chat_template_kwargs": (None, "edit tokenizer.chat_template (or pass a tokenizer whose template has the option baked in)"),
     "cache_implementation": (None, "the hf sampler manages its own KV cache; use sampler='vllm' for paged attention"),
     "vllm_model_impl": ("vllm", "pass sampler_options={'engine_args': {'model_impl': ...}} instead"),
     "vllm_structured_outputs_regex": (None, "structured outputs are not supported by rlcore's samplers"),

@@ -25,7 +25,9 @@ from ._imports import without_gradio
 
 with without_gradio():
     from openenv.core.env_server.interfaces import Environment
-    from openenv.core.env_server.types import Action, Observation, State
+    from openenv.core.env_server.types import Action, Observation
+
+from .game_state import GuessState
 
 
 class GuessAction(Action):
@@ -42,18 +44,6 @@ class GuessObservation(Observation):
     low: int = Field(default=1, description="smallest possible number")
     high: int = Field(default=100, description="largest possible number")
     attempts_left: int = Field(default=0, description="guesses remaining")
-
-
-class GuessState(State):
-    """Server-side episode state (the target is only visible here, never in observations)."""
-
-    target: int = 0
-    low: int = 1
-    high: int = 100
-    max_attempts: int = 8
-    won: bool = False
-    shaped: bool = False
-    best: Optional[int] = None
 
 
 _INT = re.compile(r"-?\d+")

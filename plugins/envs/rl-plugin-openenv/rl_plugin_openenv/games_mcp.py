@@ -16,7 +16,7 @@ from openenv.core.env_server.mcp_environment import MCPEnvironment
 from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
 from openenv.core.env_server.types import Action, Observation
 
-from .games import GuessState
+from .game_state import GuessState
 
 
 class GuessNumberMCPEnvironment(MCPEnvironment):

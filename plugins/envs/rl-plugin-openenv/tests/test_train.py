@@ -41,3 +41,18 @@ def test_train_steps_on_env_rewards(server, tiny_model_dir, tmp_path):
     assert signal, "the environment's rewards never varied within a group"
     assert all(0 < s["rewards/openenv_reward"] <= 3.0 for s in signal)
     assert any(s["grad_norm"] > 0 for s in signal)  # the env reward moved the policy
+
+
+def test_tiny_example_config_runs_multi_turn(server, tiny_model_dir, tmp_path):
+    """examples/openenv/tiny.yaml — the example's rows with the tiny-model recipe — as a user runs
+    it (no --model: the built-in tiny model), cut to two steps: multi-turn episodes that the env
+    ends, turns ended by the stop string, not by the token cap."""
+    tiny = EXAMPLE.with_name("tiny.yaml")
+    out = tmp_path / "run"
+    main(["train", "--config", str(tiny), "--env-url", server, "--max-steps", "2", "--per-device-train-batch-size", "8",
+          "--plots", "false", "--output-dir", str(out)])
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(steps) == 2
+    assert all(s["failed_trajectories"] == 0 for s in steps)
+    assert all(s["num_turns"] >= 2 for s in steps)
+    assert all(s.get("episodes_ended/length", 0.0) == 0.0 for s in steps)

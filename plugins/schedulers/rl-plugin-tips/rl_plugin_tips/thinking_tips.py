@@ -15,7 +15,7 @@ from typing import Any
 
 from rlcore.asyncutil import await_me_maybe
 from rlcore.rollout import MultiTurnScheduler, ResponseChoice, apply_turn_end
-from rlcore.rollout import tokens as tk
+from rlcore import chat_template as tk
 from rlcore.types import Completion, Trajectory
 
 from .accuracy import AccuracyFn, judge, reference_of, resolve_accuracy

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from rlcore.rollout import MultiTurnScheduler
-from rlcore.rollout import tokens as tk
+from rlcore import chat_template as tk
 from rlcore.types import Completion, Trajectory
 
 from .accuracy import AccuracyFn, judge, reference_of, resolve_accuracy

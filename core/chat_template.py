@@ -1,0 +1,210 @@
+"""Token bookkeeping for multi-turn rollouts: observation tokens from the chat template's delta.
+
+Why this file exists: re-applying a chat template to a whole conversation can tokenise earlier
+turns differently from what the sampler produced (BPE merges across turn boundaries, templates that
+rewrite history), and then the trainer scores tokens the policy never sampled. So the engine never
+re-tokenises earlier turns: it keeps the sampled ids as they are and encodes only the *new* text,
+which it finds by rendering the conversation before and after the new message(s) and taking the
+suffix. If the template is not prefix-preserving the suffix is undefined, and we say so loudly.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Sequence
+
+from .errors import ConfigError, RlcoreError
+
+
+class ChatTemplateError(RlcoreError):
+    """The tokenizer's chat template cannot give token-exact observation deltas."""
+
+
+_SENTINEL = "\u2063RLCORE-SENTINEL\u2063"
+
+
+#: tokenizer -> extra chat-template arguments of its run (TRL's ``chat_template_kwargs``)
+_TEMPLATE_KWARGS: "weakref.WeakKeyDictionary[Any, dict[str, Any]]" = weakref.WeakKeyDictionary()
+#: arguments rlcore sets itself on every render; chat_template_kwargs may not override them
+RESERVED_TEMPLATE_ARGS = ("tokenize", "add_generation_prompt", "tools", "continue_final_message", "conversation",
+                          "return_dict", "chat_template")
+
+
+def check_chat_template_kwargs(kwargs: dict[str, Any]) -> None:
+    clash = sorted(set(kwargs) & set(RESERVED_TEMPLATE_ARGS))
+    if clash:
+        raise ConfigError(f"chat_template_kwargs may not set {', '.join(clash)}: rlcore sets those itself on every "
+                          "render; pass only the template's own options (e.g. enable_thinking)")
+
+
+def set_chat_template_kwargs(tokenizer: Any, kwargs: dict[str, Any] | None) -> None:
+    """Render every conversation of ``tokenizer`` with ``kwargs`` too (prompts, turn deltas and the
+    invariant checks alike, so the tokens and their check agree). ``None``/``{}`` clears them."""
+    if kwargs:
+        check_chat_template_kwargs(kwargs)
+        try:
+            _TEMPLATE_KWARGS[tokenizer] = dict(kwargs)
+        except TypeError:
+            raise ConfigError(f"chat_template_kwargs: a {type(tokenizer).__name__} cannot carry them; "
+                              "pass a transformers tokenizer") from None
+    else:
+        _TEMPLATE_KWARGS.pop(tokenizer, None)
+
+
+def chat_template_kwargs(tokenizer: Any) -> dict[str, Any]:
+    """The extra chat-template arguments set for ``tokenizer`` (``{}`` when none)."""
+    try:
+        return _TEMPLATE_KWARGS.get(tokenizer) or {}
+    except TypeError:  # not weak-referenceable: nothing can have been set for it
+        return {}
+
+
+def render(
+    tokenizer: Any,
+    messages: Sequence[dict[str, Any]],
+    *,
+    add_generation_prompt: bool = False,
+    tools: list[dict[str, Any]] | None = None,
+    continue_final_message: bool = False,
+) -> str:
+    """The chat template's text for ``messages`` (never token ids: see transformers 5 notes)."""
+    kwargs: dict[str, Any] = {**chat_template_kwargs(tokenizer), "tokenize": False, "add_generation_prompt": add_generation_prompt}
+    if tools:
+        kwargs["tools"] = tools
+    if continue_final_message:
+        kwargs["continue_final_message"] = True
+        kwargs["add_generation_prompt"] = False
+    try:
+        text = tokenizer.apply_chat_template(list(messages), **kwargs)
+    except Exception as exc:  # noqa: BLE001 - template bugs are user-facing
+        raise ChatTemplateError(
+            f"the tokenizer's chat template failed to render {len(messages)} messages "
+            f"({type(exc).__name__}: {exc}); fix the template or the messages"
+        ) from exc
+    if not isinstance(text, str):  # some tokenizers return a list for batched input
+        text = text[0]
+    return text
+
+
+def encode_text(tokenizer: Any, text: str) -> list[int]:
+    """Encode rendered template text (it already carries its special tokens)."""
+    if not text:
+        return []
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def encode_prompt(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+    """Prompt ids: the conversation rendered with the generation prompt (the assistant header)."""
+    return encode_text(tokenizer, render(tokenizer, messages, add_generation_prompt=True, tools=tools))
+
+
+def template_delta(
+    tokenizer: Any,
+    messages_before: Sequence[dict[str, Any]],
+    new_messages: Sequence[dict[str, Any]],
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    add_generation_prompt: bool = True,
+    old: str | None = None,
+) -> str:
+    """The text the template adds when ``new_messages`` follow ``messages_before``.
+
+    ``messages_before`` is rendered without a generation prompt (it ends with a closed message);
+    the full conversation with one, so the delta ends with the next assistant header. ``old`` may
+    pass that rendering when the caller already has it.
+    """
+    if old is None:
+        old = render(tokenizer, messages_before, tools=tools) if messages_before else ""
+    new = render(tokenizer, list(messages_before) + list(new_messages), add_generation_prompt=add_generation_prompt, tools=tools)
+    if not new.startswith(old):
+        raise not_prefix_error(old, new, new_messages)
+    return new[len(old):]
+
+
+def not_prefix_error(old: str, new: str, new_messages: Sequence[dict[str, Any]]) -> ChatTemplateError:
+    """The one-line error for a template whose rendering of a longer conversation rewrites the start."""
+    at = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
+    return ChatTemplateError(
+        "the chat template is not prefix-preserving: adding "
+        f"{[m.get('role') for m in new_messages]} message(s) changes earlier text at char {at} "
+        f"({old[max(0, at - 20):at + 20]!r} became {new[max(0, at - 20):at + 20]!r}); "
+        "use a template that only appends (ChatML/Qwen style) or return response_token_ids from step"
+    )
+
+
+def encode_observation(
+    tokenizer: Any,
+    messages_before: Sequence[dict[str, Any]],
+    new_messages: Sequence[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+) -> list[int]:
+    """Token ids of the chat-template delta for ``new_messages`` (plus the next assistant header).
+
+    Assumes the token stream so far equals the rendering of ``messages_before``; the engine uses
+    :func:`assistant_closing` first when the stream ends mid-message (e.g. right after an eos).
+    """
+    return encode_text(tokenizer, template_delta(tokenizer, messages_before, new_messages, tools=tools))
+
+
+def assistant_closing(
+    tokenizer: Any,
+    history: Sequence[dict[str, Any]],
+    assistant: dict[str, Any],
+    streamed_text: str,
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    head: str | None = None,
+    full: str | None = None,
+) -> str:
+    """Text the template puts after the last assistant message that the token stream lacks.
+
+    The sampler stops at the eos (``<|im_end|>``) while the template renders ``<|im_end|>\\n`` after
+    an assistant message, so before the next user message we must append the missing ``\\n`` (loss
+    mask 0). ``streamed_text`` is the decoded text of the tokens since the assistant header.
+    """
+    if head is None:
+        head = render(tokenizer, history, add_generation_prompt=True, tools=tools)
+    if full is None:
+        full = render(tokenizer, list(history) + [assistant], tools=tools)
+    if full.startswith(head):
+        tail = full[len(head):]
+        if tail.startswith(streamed_text):
+            return tail[len(streamed_text):]
+    # The template rewrites assistant content (strips it, drops <think> …): fall back to the
+    # template's generic closing of an assistant message, minus what the stream already has.
+    closing = generic_assistant_closing(tokenizer, tools=tools)
+    for k in range(len(closing), 0, -1):
+        if streamed_text.endswith(closing[:k]):
+            return closing[k:]
+    return closing
+
+
+def generic_assistant_closing(tokenizer: Any, tools: list[dict[str, Any]] | None = None) -> str:
+    """What the template renders right after an assistant message's content (``<|im_end|>\\n`` in ChatML)."""
+    probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL}]
+    text = render(tokenizer, probe, tools=tools)
+    idx = text.rfind(_SENTINEL)
+    if idx < 0:
+        raise ChatTemplateError("the chat template drops assistant content; it cannot be used for multi-turn rollouts")
+    return text[idx + len(_SENTINEL):]
+
+
+def decode(tokenizer: Any, ids: Sequence[int]) -> str:
+    """Decode keeping special tokens, so the text lines up with template renderings."""
+    return tokenizer.decode(list(ids), skip_special_tokens=False) if ids else ""
+
+
+def sampled_prefix_len(tokenizer: Any, ids: Sequence[int], base_text: str, target: str) -> int:
+    """Largest ``k`` such that ``base_text + decode(ids[:k])`` is a prefix of ``target``.
+
+    Used when a scheduler edits the last assistant message (continuation): the sampled tokens that
+    still agree with the edited text are kept exactly (with their logprobs); the rest is dropped
+    and the new text after them is appended as observation tokens.
+    """
+    if not target.startswith(base_text):
+        return -1
+    rest = target[len(base_text):]
+    for k in range(len(ids), -1, -1):
+        if rest.startswith(decode(tokenizer, ids[:k])):
+            return k
+    return 0

@@ -1,0 +1,226 @@
+"""The layer order of ``docs/concepts.md`` ("Layers"), checked against every module's imports.
+
+Each module of ``rlcore`` belongs to one layer; a module may import modules of its own layer and of
+lower ones, never of a higher one. Imports inside functions count too: a lazy import hides a cycle
+from Python, not from the reader. Importing ``rlcore.a.b`` also runs ``rlcore/a/__init__.py``, so the
+packages above a module count as imported as well. The in-repo plugin packages sit above the whole
+core and may not import each other's modules in a circle.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CORE = REPO / "core"
+
+#: lowest first; a module's layer is the one of its longest matching prefix (docs/concepts.md "Layers")
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("foundation", ("rlcore.errors", "rlcore.types", "rlcore.asyncutil", "rlcore.bounded", "rlcore.bounded_worker",
+                    "rlcore.hookspecs", "rlcore.envs", "rlcore.chat_template")),
+    ("registry", ("rlcore.plugins",)),
+    ("sampling", ("rlcore.sampling",)),
+    ("rollout", ("rlcore.rollout",)),
+    ("components", ("rlcore.rewards", "rlcore.algorithms", "rlcore.data", "rlcore.tasks",
+                    "rlcore.demo")),
+    ("training", ("rlcore.training",)),
+    ("trainer", ("rlcore.trainer", "rlcore.loop")),
+    ("facade", ("rlcore",)),  # the package root: the public names, GRPOTrainer lazily
+    ("distributed", ("rlcore.distributed",)),
+    ("commands", ("rlcore.cli", "rlcore.train_cli", "rlcore.rollout.cli", "rlcore.distributed.cli",
+                  "rlcore.docgen", "rlcore.scaffold")),
+    ("testing", ("rlcore.testing",)),  # test support: imports anything, imported by no product module
+]
+RANK = {name: i for i, (name, _) in enumerate(LAYERS)}
+
+
+def layer_of(module: str) -> str | None:
+    best: tuple[int, str] | None = None
+    for name, prefixes in LAYERS:
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and (best is None or len(p) > best[0]):
+                best = (len(p), name)
+    return best[1] if best else None
+
+
+def module_name(path: Path, root: Path, package: str) -> str:
+    parts = [package, *path.relative_to(root).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def core_modules() -> dict[str, Path]:
+    return {module_name(p, CORE, "rlcore"): p for p in sorted(CORE.rglob("*.py"))}
+
+
+def imports_of(path: Path, module: str, known: set[str]) -> Iterator[tuple[int, str]]:
+    """``(line, module)`` for every import of a module in ``known`` (any depth, lazy ones included)."""
+    is_pkg = path.name == "__init__.py"
+    package = module if is_pkg else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                src = ".".join(base + ([node.module] if node.module else []))
+            else:
+                src = node.module or ""
+            # ``from pkg import sub`` imports the submodule pkg.sub when there is one
+            targets = [f"{src}.{a.name}" if f"{src}.{a.name}" in known else src for a in node.names]
+        for t in targets:
+            # importing a.b.c runs a.b/__init__ too (the root package is exempt: everything is under it)
+            parts = t.split(".")
+            for i in range(2, len(parts) + 1):
+                name = ".".join(parts[:i])
+                if name in known:
+                    yield node.lineno, name
+            if t == "rlcore" and "rlcore" in known:
+                yield node.lineno, t
+
+
+def upward_imports() -> list[str]:
+    mods = core_modules()
+    known = set(mods)
+    bad = []
+    for module, path in mods.items():
+        mine = layer_of(module)
+        for line, target in imports_of(path, module, known):
+            theirs = layer_of(target)
+            if target == module or module.startswith(target + ".") or mine is None or theirs is None:
+                continue  # a module's own package __init__ runs before it anyway
+            if RANK[theirs] > RANK[mine]:
+                rel = path.relative_to(REPO)
+                bad.append(f"{rel}:{line}: {module} ({mine}) imports {target} ({theirs}), a higher layer")
+    return bad
+
+
+def test_every_module_has_a_layer() -> None:
+    missing = [m for m in core_modules() if layer_of(m) is None]
+    assert not missing, f"modules with no layer (add them to LAYERS here and to docs/concepts.md): {missing}"
+
+
+def test_no_module_imports_a_higher_layer() -> None:
+    bad = upward_imports()
+    assert not bad, "imports against the layer order (docs/concepts.md, Layers):\n" + "\n".join(bad)
+
+
+def test_the_checker_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
+    """The check itself: a function-level relative import of a higher layer is reported."""
+    pkg = tmp_path / "rlcore"
+    (pkg / "rollout").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "rollout" / "__init__.py").write_text("")
+    (pkg / "errors.py").write_text("def f():\n    from .rollout import tokens\n")
+    (pkg / "rollout" / "tokens.py").write_text("")
+    mods = {module_name(p, pkg, "rlcore"): p for p in pkg.rglob("*.py")}
+    found = list(imports_of(pkg / "errors.py", "rlcore.errors", set(mods)))
+    assert found == [(2, "rlcore.rollout"), (2, "rlcore.rollout.tokens")]
+    assert RANK[layer_of("rlcore.rollout.tokens")] > RANK[layer_of("rlcore.errors")]
+
+
+def test_the_layers_are_the_documented_ones() -> None:
+    text = (REPO / "docs" / "concepts.md").read_text(encoding="utf-8")
+    section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    order = [name for name, _ in LAYERS]
+    positions = [section.find(f"**{name}**") for name in order]
+    assert all(p >= 0 for p in positions), f"docs/concepts.md 'Layers' must name every layer in bold: {order}"
+    assert positions == sorted(positions), f"docs/concepts.md lists the layers in another order than {order}"
+
+
+#: sampler backends share the sampling layer's common modules (base, weights, batcher, stops,
+#: processing, vllm_support) and never import each other: the HTTP client must not need the vLLM
+#: engine's modules, the decode loops must not reach into the sampler that owns them
+BACKENDS = {
+    "hf": ("rlcore.sampling.hf", "rlcore.sampling.hf_decode", "rlcore.sampling.hf_static"),
+    "vllm": ("rlcore.sampling.vllm", "rlcore.sampling.vllm_worker"),
+    "openai": ("rlcore.sampling.openai",),
+}
+
+
+def test_sampler_backends_import_no_other_backend() -> None:
+    mods = core_modules()
+    owner = {m: b for b, ms in BACKENDS.items() for m in ms}
+    assert set(owner) <= set(mods), f"BACKENDS names modules that do not exist: {set(owner) - set(mods)}"
+    bad = [f"{mods[m].relative_to(REPO)}:{line}: {m} ({owner[m]}) imports {t} ({owner[t]})"
+           for m in owner for line, t in imports_of(mods[m], m, set(mods)) if owner.get(t, owner[m]) != owner[m]]
+    assert not bad, "a sampler backend imports another backend's module:\n" + "\n".join(bad)
+
+
+def test_no_module_imports_another_packages_private_name() -> None:
+    """``from rlcore.x import _name`` across packages: what another package needs is public."""
+    mods = core_modules()
+    bad = []
+    for module, path in mods.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = package.split(".")
+                src = ".".join(base[: len(base) - (node.level - 1)] + ([node.module] if node.module else []))
+            else:
+                src = node.module or ""
+            if not src.startswith("rlcore"):
+                continue
+            src_package = src if src in mods and mods[src].name == "__init__.py" else src.rpartition(".")[0]
+            for a in node.names:
+                if a.name.startswith("_") and not a.name.startswith("__") and src_package != package:
+                    bad.append(f"{path.relative_to(REPO)}:{node.lineno}: {module} imports {src}.{a.name}")
+    assert not bad, "private names imported across packages (make them public where they live):\n" + "\n".join(bad)
+
+
+# --- plugin packages: no import cycles between their modules ------------------------------------------
+def _plugin_packages() -> list[tuple[str, Path]]:
+    out = []
+    for pyproject in sorted((REPO / "plugins").glob("*/*/pyproject.toml")):
+        for init in sorted(pyproject.parent.glob("*/__init__.py")):
+            if init.parent.name != "tests":
+                out.append((init.parent.name, init.parent))
+    return out
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                return stack[stack.index(m):] + [m]
+            if m not in state and (found := visit(m)):
+                return found
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state and (found := visit(n)):
+            return found
+    return None
+
+
+@pytest.mark.parametrize("package,root", _plugin_packages(), ids=[p for p, _ in _plugin_packages()])
+def test_plugin_package_modules_form_no_cycle(package: str, root: Path) -> None:
+    """Module-to-module imports inside a plugin package (its ``__init__`` re-exports aside) go one way."""
+    mods = {module_name(p, root, package): p for p in sorted(root.rglob("*.py"))}
+    graph = {m: {t for _, t in imports_of(p, m, set(mods)) if t != package and t != m} for m, p in mods.items()}
+    cycle = _cycle(graph)
+    assert cycle is None, f"{package}: import cycle {' -> '.join(cycle or [])}"
+
+
+def test_core_modules_form_no_cycle() -> None:
+    """Core modules import each other one way (package ``__init__`` re-exports aside)."""
+    mods = core_modules()
+    packages = {m for m, p in mods.items() if p.name == "__init__.py"}
+    graph = {m: {t for _, t in imports_of(p, m, set(mods)) if t not in packages and t != m}
+             for m, p in mods.items() if m not in packages}
+    cycle = _cycle(graph)
+    assert cycle is None, f"import cycle {' -> '.join(cycle or [])}"

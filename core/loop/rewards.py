@@ -10,28 +10,16 @@ trajectory keeps its named columns in ``trajectory.rewards`` and the weighted su
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Sequence
 
 from ..asyncutil import run_sync
 from ..errors import ConfigError
 from ..plugins import RunHooks
-from ..plugins import get as get_component
-from ..rewards import Reward, as_reward, compute_rewards
+from ..rewards import compute_rewards
+from ..training.components import build_reward
 from ..types import Trajectory
 
-
-def build_reward(spec: Any, options: dict[str, Any] | None = None) -> Reward:
-    """A registered reward name (a class gets ``options`` as keyword arguments), a function, or a
-    :class:`Reward` object -> a Reward."""
-    if isinstance(spec, str):
-        factory = get_component("reward", spec)
-        if options and inspect.isclass(factory):
-            return as_reward(spec, factory(**options))
-        return as_reward(spec, factory)
-    if options:
-        raise ConfigError("reward options apply to registered reward names only")
-    return as_reward(getattr(spec, "name", None) or getattr(spec, "__name__", None) or type(spec).__name__, spec)
+__all__ = ["Rewards", "build_reward"]
 
 
 class Rewards:

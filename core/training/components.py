@@ -5,11 +5,11 @@ as the training loop and nothing else."""
 from __future__ import annotations
 
 import copy
+import inspect
 from typing import Any, Callable, Sequence
 
 from ..plugins import get as get_component
 from ..errors import ConfigError, MissingDependencyError
-from ..loop.rewards import build_reward
 from ..rewards import Reward, as_reward
 from ..rollout.scheduler import build_scheduler
 from ..types import SamplingParams
@@ -152,6 +152,19 @@ def make_scheduler(args: GRPOConfig, sampler: Any, tokenizer: Any, scheduler: An
     if args.max_turns is not None:
         opts["max_turns"] = args.max_turns
     return build_scheduler(factory, sampler, tokenizer, sampling_params=sampling_params(args), **opts)
+
+
+def build_reward(spec: Any, options: dict[str, Any] | None = None) -> Reward:
+    """A registered reward name (a class gets ``options`` as keyword arguments), a function, or a
+    :class:`Reward` object -> a Reward."""
+    if isinstance(spec, str):
+        factory = get_component("reward", spec)
+        if options and inspect.isclass(factory):
+            return as_reward(spec, factory(**options))
+        return as_reward(spec, factory)
+    if options:
+        raise ConfigError("reward options apply to registered reward names only")
+    return as_reward(getattr(spec, "name", None) or getattr(spec, "__name__", None) or type(spec).__name__, spec)
 
 
 def make_rewards(args: GRPOConfig, reward_funcs: Sequence[Any] | None,

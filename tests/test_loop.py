@@ -161,3 +161,16 @@ def test_sync_weights_lora_merged_into_plain_sampler_and_over_http(tiny_model_di
         with torch.no_grad():
             served = server.sampler.model(input_ids=ids).logits
         assert torch.allclose(served, want, atol=1e-5)
+
+
+def test_rollout_of_prepared_trajectories(policy: Policy) -> None:
+    from rlcore.rollout.driver import make_trajectories
+
+    sampler = _hf(policy.model, policy.tokenizer)
+    prepared = make_trajectories(make_prompts(digits_dataset(2), policy.tokenizer), num_generations=2)
+    prepared[0].infos["note"] = "mine"
+    trajs = Rollout(sampler, SamplingParams(max_tokens=3))(trajectories=prepared)
+    assert [t.uuid for t in trajs] == [t.uuid for t in prepared]
+    assert trajs[0].infos["note"] == "mine" and all(t.completion_ids for t in trajs)
+    with pytest.raises(ConfigError, match="prompts or trajectories"):
+        Rollout(sampler)()

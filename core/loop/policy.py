@@ -259,12 +259,14 @@ class Policy:
             self.step = int(state["step"])
 
     def _reference(self, reference: Any) -> Any:
-        if reference is None or (isinstance(reference, str) and reference == "auto"):
-            if reference is None:
-                return None
+        """The frozen reference for the KL term (see the ``reference`` argument)."""
+        if reference is None:
+            return None
+        if isinstance(reference, str) and reference == "auto":
             from ..training.components import reference_model
 
-            return reference_model(self.model, types.SimpleNamespace(beta=float(self.loss_options.get("beta", 0.0) or 0.0)))
+            beta = float(self.loss_options.get("beta", 0.0) or 0.0)
+            return reference_model(self.model, types.SimpleNamespace(beta=beta))
         if isinstance(reference, torch.nn.Module):
             reference.eval()
             for p in reference.parameters():

@@ -44,9 +44,9 @@ class Sampler:
     def sample(self, prompts: list[list[int]] | list[Any], params: SamplingParams | None = None) -> list[list[Completion]]:
         """Blocking batch sampling for scripts and loops: ``params.n`` completions (token ids and the
         logprob of each sampled token) for every prompt (token ids, or anything with ``prompt_ids``),
-        in order. Built on :meth:`generate_batch`, so every backend has it; inside a running event
-        loop await :meth:`generate_batch` instead. For trajectories (conversation, rewards, training)
-        use :func:`rlcore.loop.sample`."""
+        in order. Built on :meth:`generate_batch`, so every backend has it (async code awaits
+        :meth:`generate_batch` directly). For trajectories — the conversation, rewards, training —
+        use :func:`rlcore.loop.sample` or :class:`rlcore.loop.Rollout`."""
         from ..asyncutil import run_sync
 
         ids = [list(getattr(p, "prompt_ids", p)) for p in prompts]

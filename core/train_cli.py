@@ -225,7 +225,7 @@ def build_plan(argv: Sequence[str]) -> TrainPlan:
         rows = load_rows(script["dataset"], split=script.get("dataset_split") or "train",
                          options=parse_dataset_options(script.get("dataset_options")))
         task = str(script["dataset"])
-    from .training.data import check_columns
+    from .training.prompts import check_columns
 
     check_columns(rows, script.get("prompt_column"), f"dataset {task}")
     return TrainPlan(args, os.path.expanduser(model), rows, task, script.get("prompt_column"),

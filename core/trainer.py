@@ -56,7 +56,7 @@ from .training.components import (
 )
 from .training.agents import environment_reward_types, environment_rewards, placeholder_rows, trl_agent_options
 from .training.config import GRPOConfig, check_values, validate_components
-from .training.data import PromptCursor, as_rows, check_columns, make_prompt
+from .training.prompts import PromptCursor, as_rows, check_columns, make_prompt
 from .training.health import RunHealth
 from .training.metrics import MetricAccumulator, append_jsonl, rollout_metrics, truncate_jsonl
 from .training.plots import write_plots
@@ -122,7 +122,7 @@ class GRPOTrainer(Trainer):
         processing_class: the tokenizer (default: loaded from the model's path).
         sampler / scheduler: ready-made components instead of the configured names.
         peft_config: a ``peft.LoraConfig`` (or set ``args.use_peft``).
-        prompt_column / system_prompt: how rows become prompts (see :mod:`rlcore.training.data`).
+        prompt_column / system_prompt: how rows become prompts (see :mod:`rlcore.training.prompts`).
     """
 
     loss_is_scaled_for_ga = True  # compute_loss divides by gradient_accumulation_steps itself

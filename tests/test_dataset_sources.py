@@ -84,7 +84,7 @@ class LazyRows(Sequence):
 
 
 def test_a_lazy_source_stays_lazy_through_loading_and_the_trainer_rows() -> None:
-    from rlcore.training.data import as_rows, check_columns
+    from rlcore.training.prompts import as_rows, check_columns
 
     made: list[LazyRows] = []
 

@@ -3,40 +3,21 @@ a broken or hostile server that streams gigabytes is one clear error, not an out
 
 from __future__ import annotations
 
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
 
 from rlcore.errors import SamplerError
 from rlcore.sampling.openai import OpenAISampler
+from rlcore.testing.fuzz import flooding_http_server
 from rlcore.types import SamplingParams
-
-
-class _Flood(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
-        self.rfile.read(int(self.headers.get("content-length") or 0))
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()  # no Content-Length: the body keeps coming
-        try:
-            self.wfile.write(b'{"choices": [{"text": "')
-            for _ in range(256):  # 256 MiB if nobody stops reading
-                self.wfile.write(b"x" * (1 << 20))
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-
-    def log_message(self, *args: Any) -> None:
-        pass
 
 
 @pytest.fixture
 def flood_url() -> Iterator[str]:
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Flood)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
+    """Every POST answers a completion's JSON start, then 256 MiB if nobody stops reading."""
+    with flooding_http_server(b'{"choices": [{"text": "', method="POST", megabytes=256) as url:
+        yield url
 
 
 async def test_a_flooding_server_is_an_error_not_an_out_of_memory(flood_url: str) -> None:

@@ -68,7 +68,8 @@ def test_every_kind_renders_to_valid_python(kind, tmp_path):
     root = new_plugin(kind, f"demo_{kind}", tmp_path)
     values = template_values(kind, f"demo_{kind}")
     files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
-    assert {"pyproject.toml", "README.md", f"{values['pkg']}/__init__.py", "tests/conftest.py"} <= set(files)
+    assert {"pyproject.toml", "README.md", f"{values['pkg']}/__init__.py"} <= set(files)
+    assert "tests/conftest.py" not in files  # the fixtures come from rlcore's pytest plugin, not a copy
     assert any(f.startswith("tests/test_") and f != "tests/test_registration.py" for f in files), files
     for rel in files:
         text = (root / rel).read_text()
@@ -77,6 +78,8 @@ def test_every_kind_renders_to_valid_python(kind, tmp_path):
             compile(text, rel, "exec")  # a SyntaxError fails the test
     pyproject = (root / "pyproject.toml").read_text()
     assert f'[project.entry-points.rlcore]\ndemo_{kind} = "{values["pkg"]}"' in pyproject
+    assert f'[project.entry-points."rlcore.components"]\ndemo_{kind} = "{values["pkg"]}"' in pyproject
+    assert '-p rlcore.testing.pytest_plugin' in pyproject
     # registration modules stay cheap to import: no torch at import time
     assert "import torch" not in (root / values["pkg"] / "__init__.py").read_text()
 
@@ -91,8 +94,8 @@ def test_cli_errors_are_one_line(tmp_path):
 
 def test_generated_plugins_install_list_and_pass_their_tests(tmp_path):
     """One package per kind, really pip-installed; their own test suites run, unchanged, in a
-    subprocess (one pytest process for all six keeps this fast; each package's conftest limits
-    ``RLCORE_PLUGINS`` to its own distribution for its tests)."""
+    subprocess (one pytest process for all six keeps this fast; rlcore's pytest plugin limits
+    ``RLCORE_PLUGINS`` to each package's own distribution for its tests)."""
     suffix = f"sc{os.getpid()}"
     names = {kind: f"{suffix}_{kind}" for kind in SCAFFOLD_KINDS}
     dists = {kind: template_values(kind, name)["dist"] for kind, name in names.items()}

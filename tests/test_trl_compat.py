@@ -380,7 +380,7 @@ class GenerateRollout:
 
 def _prompt(trainer: Any, text: str) -> Any:
     """One rollout prompt from a TRL standard row, built the way the trainer builds its own."""
-    from rlcore.training.data import make_prompt
+    from rlcore.training.prompts import make_prompt
 
     return make_prompt({"prompt": text}, trainer.processing_class, True, None, None, None)
 
@@ -567,7 +567,7 @@ def test_dict_environment_factory_routes_rows_as_on_trl(tmp_path: Any) -> None:
 
 def test_dict_environment_factory_prompts_render_their_own_tools(tmp_path: Any) -> None:
     from rlcore.testing import tiny_model_path
-    from rlcore.training.data import make_prompt
+    from rlcore.training.prompts import make_prompt
 
     args = rlcore.GRPOConfig(**dict(COMMON, output_dir=str(tmp_path), max_steps=1, max_tool_calling_iterations=1))
     rows = [{"prompt": [{"role": "user", "content": "Count."}], "environment": e} for e in ("up", "down", "elsewhere")]
@@ -646,7 +646,7 @@ def test_chat_template_kwargs_render_prompts_as_on_trl(tmp_path: Any) -> None:
             ids, _, _ = trainer._tokenize_prompts([[{"role": "user", "content": "What is 1 + 1?"}]])
             seen[name] = [list(ids[0])]
         else:
-            from rlcore.training.data import make_prompt
+            from rlcore.training.prompts import make_prompt
 
             p = make_prompt({"prompt": [{"role": "user", "content": "What is 1 + 1?"}]}, tok, True, None, None, None)
             trajs = trainer.rollout([p])

@@ -15,6 +15,9 @@ number of unclosed tags), NUL bytes and invalid UTF-8 (decoders and C libraries)
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 _MB = 1_000_000
 
 #: Lone surrogates: what ``bytes.decode("utf-8", "surrogateescape")`` makes of invalid UTF-8.
@@ -62,3 +65,40 @@ HOSTILE_COMPLETIONS: dict[str, str] = {
     "huge_matrix": "\\boxed{\\begin{pmatrix}" + "1 & " * 20_000 + "1\\end{pmatrix}}",
     "boxed_flood": "\\boxed{1}" * 100_000,
 }
+
+
+# --- hostile servers ----------------------------------------------------------------------------------
+def flooding_http_server(prefix: bytes, *, method: str = "GET", megabytes: int = 64) -> contextlib.AbstractContextManager[str]:
+    """A context manager: an HTTP server on 127.0.0.1 whose every ``method`` response starts as
+    valid JSON (``prefix``) and then never ends (no Content-Length, ``megabytes`` MiB of ``x``).
+    Yields its base URL. A client that reads bodies whole runs out of memory on it; a bounded one
+    stops with an error. Used by the sampler's and the OpenEnv client's size-cap tests."""
+    return _flooding(prefix, method, megabytes)
+
+
+@contextlib.contextmanager
+def _flooding(prefix: bytes, method: str, megabytes: int) -> Iterator[str]:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    def respond(handler: BaseHTTPRequestHandler) -> None:
+        handler.rfile.read(int(handler.headers.get("content-length") or 0))
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.end_headers()  # no Content-Length: the body just keeps coming
+        try:
+            handler.wfile.write(prefix)
+            for _ in range(megabytes):
+                handler.wfile.write(b"x" * (1 << 20))
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    handler_cls = type("_Flood", (BaseHTTPRequestHandler,), {f"do_{method.upper()}": respond,
+                                                             "log_message": lambda self, *args: None})
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler_cls)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -6,12 +6,6 @@ from typing import Any, Callable
 import pytest
 
 
-@pytest.fixture
-def rlcore_plugins() -> str:
-    """Load this package's plugin (and only it) in these tests."""
-    return "rl-plugin-gym"
-
-
 def shortest_plan(unwrapped: Any, start: int, win: Callable[[float], bool] = lambda r: r > 0) -> list[int]:
     """Breadth-first search over a deterministic toy-text env's transition table ``P`` to the first
     terminal transition whose reward ``win`` accepts: the action indices of a shortest winning episode."""

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from rlcore.cli import main
+from rlcore.testing.runs import check_multi_turn_run
 from rlcore.train_cli import build_plan
 
 
@@ -17,17 +17,7 @@ def test_quickstart_trains_multi_turn_episodes(tmp_path, capsys):
     out = tmp_path / "run"
     main(["train", "--scheduler", "gym_scheduler", "--env", "frozen_lake", "--reward", "gym_reward", "--max_turns", "6",
           "--max_steps", "2", "--plots", "false", "--output_dir", str(out)])
-    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert len(steps) == 2
-    for s in steps:
-        assert s["failed_trajectories"] == 0
-        assert s["num_turns"] >= 2, s
-        assert s["episodes_ended/length"] == 0.0
-        assert s["episodes_ended/env_done"] + s["episodes_ended/max_turns"] == pytest.approx(1.0)
-        assert s["env_steps"] >= 2 * 16
-        assert s["turns_ended_by_stop"] > 0.5
-    summary = capsys.readouterr().out
-    assert "turns per episode" in summary and "env steps" in summary and "episodes ended by" in summary
+    check_multi_turn_run(out, capsys.readouterr().out, steps=2, episodes_per_step=16)
 
 
 def test_embedded_default_without_env_is_frozen_lake(tiny_model_dir):

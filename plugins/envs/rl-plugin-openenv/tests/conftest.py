@@ -1,23 +1,20 @@
-import pytest
+"""rl-plugin-openenv's test fixtures beyond rlcore's pytest plugin (which loads only this package's
+plugin in each test and provides the tiny model): a real OpenEnv server on 127.0.0.1."""
 
-from rlcore.testing import build_tokenizer
+import pytest
 
 from rl_plugin_openenv.server import ServerThread
 
 
-@pytest.fixture
-def rlcore_plugins() -> str:
-    """Load this package's plugin (and only it) in these tests."""
-    return "rl-plugin-openenv"
-
-
 @pytest.fixture(scope="module")
-def server():
-    """A guess_number server on 127.0.0.1 (a free port) for the tests of one module."""
-    with ServerThread(max_concurrent_envs=4) as url:
+def server(request):
+    """A guess_number server on 127.0.0.1 (a free port) for the tests of one module; a module sets
+    ``SERVER_OPTIONS`` (ServerThread's keywords) to serve differently (default: 4 sessions)."""
+    with ServerThread(**getattr(request.module, "SERVER_OPTIONS", {"max_concurrent_envs": 4})) as url:
         yield url
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
+def tokenizer(tiny_tokenizer):
+    """The tiny model's tokenizer (rlcore's pytest plugin), under the name these tests use."""
+    return tiny_tokenizer

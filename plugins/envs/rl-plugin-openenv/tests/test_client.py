@@ -16,10 +16,8 @@ from rl_plugin_openenv.server import ServerThread
 from rl_plugin_openenv.testing import ServerProcess
 
 
-@pytest.fixture(scope="module")
-def server():
-    with ServerThread(max_concurrent_envs=2) as url:
-        yield url
+#: the ``server`` fixture (conftest) serves two sessions here, so the cap is easy to reach
+SERVER_OPTIONS = {"max_concurrent_envs": 2}
 
 
 @pytest.fixture(scope="module")

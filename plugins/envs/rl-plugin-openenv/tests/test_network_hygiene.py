@@ -7,9 +7,7 @@ import asyncio
 import base64
 import os
 import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Iterator
 
 import httpx
@@ -18,6 +16,7 @@ import rlcore
 from rlcore.errors import EnvError
 from rlcore.rollout import run_rollouts
 from rlcore.testing import ScriptedSampler
+from rlcore.testing.fuzz import flooding_http_server
 from rlcore.types import Prompt, SamplingParams
 
 from rl_plugin_openenv.client import OpenEnvSession
@@ -80,29 +79,11 @@ def test_a_vanished_client_is_dropped_by_keepalive_pings() -> None:
             sock.close()
 
 
-class _Huge(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()  # no Content-Length: the body just keeps coming
-        try:
-            self.wfile.write(b'{"max_sessions": 4, "action": {}, "pad": "')
-            for _ in range(64):
-                self.wfile.write(b"x" * (1 << 20))
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
 def huge_server() -> Iterator[str]:
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Huge)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
+    """Every GET answers a JSON start, then 64 MiB that never closes the string."""
+    with flooding_http_server(b'{"max_sessions": 4, "action": {}, "pad": "', method="GET", megabytes=64) as url:
+        yield url
 
 
 async def test_capacity_and_schema_bodies_are_size_capped(huge_server: str) -> None:

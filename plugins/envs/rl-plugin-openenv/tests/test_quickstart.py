@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from rlcore.cli import main
+from rlcore.testing.runs import check_multi_turn_run
 from rlcore.tasks import default_task_for
 from rlcore.train_cli import build_plan
 
@@ -17,25 +17,11 @@ import rlcore
 from rl_plugin_openenv.default_task import GUESSES
 
 
-def _steps(out) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
 def test_quickstart_trains_multi_turn_episodes(server, tmp_path, capsys):
     out = tmp_path / "run"
     main(["train", "--scheduler", "openenv_scheduler", "--env-url", server, "--reward", "openenv_reward",
           "--max_steps", "2", "--per_device_train_batch_size", "16", "--plots", "false", "--output_dir", str(out)])
-    steps = _steps(out)
-    assert len(steps) == 2
-    for s in steps:
-        assert s["failed_trajectories"] == 0
-        assert s["num_turns"] >= 2, s
-        assert s["episodes_ended/length"] == 0.0
-        assert s["episodes_ended/env_done"] + s["episodes_ended/max_turns"] == pytest.approx(1.0)
-        assert s["env_steps"] >= 2 * 16
-        assert s["turns_ended_by_stop"] > 0.5  # a short reply ends at whitespace, not at the token cap
-    summary = capsys.readouterr().out
-    assert "turns per episode" in summary and "env steps" in summary and "episodes ended by" in summary
+    check_multi_turn_run(out, capsys.readouterr().out, steps=2, episodes_per_step=16)
 
 
 def test_embedded_default_is_the_task_and_the_tiny_recipe_only_without_a_model(server, tiny_model_dir):

@@ -6,18 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 from rlcore.cli import main
-
-from rl_plugin_openenv.server import ServerThread
 
 EXAMPLE = Path(__file__).resolve().parents[4] / "examples" / "openenv" / "config.yaml"
 
 
-@pytest.fixture(scope="module")
-def server():
-    with ServerThread(max_concurrent_envs=8) as url:
-        yield url
+#: the ``server`` fixture (conftest) serves eight sessions here
+SERVER_OPTIONS = {"max_concurrent_envs": 8}
 
 
 def test_train_steps_on_env_rewards(server, tiny_model_dir, tmp_path):
@@ -43,11 +38,12 @@ def test_train_steps_on_env_rewards(server, tiny_model_dir, tmp_path):
     assert any(s["grad_norm"] > 0 for s in signal)  # the env reward moved the policy
 
 
-def test_tiny_example_config_runs_multi_turn(server, tiny_model_dir, tmp_path):
+def test_tiny_example_config_runs_multi_turn(server, tiny_model_dir, tmp_path, monkeypatch):
     """examples/openenv/tiny.yaml — the example's rows with the tiny-model recipe — as a user runs
     it (no --model: the built-in tiny model), cut to two steps: multi-turn episodes that the env
     ends, turns ended by the stop string, not by the token cap."""
     tiny = EXAMPLE.with_name("tiny.yaml")
+    monkeypatch.chdir(EXAMPLE.parents[2])  # the documented command runs from the repository root (relative dataset path)
     out = tmp_path / "run"
     main(["train", "--config", str(tiny), "--env-url", server, "--max-steps", "2", "--per-device-train-batch-size", "8",
           "--plots", "false", "--output-dir", str(out)])

@@ -10,22 +10,14 @@ import pytest
 
 from rlcore.types import Trajectory, Turn
 
-REPO_ROOT = Path(__file__).resolve().parents[4]
-GSM8K_TEST = REPO_ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
-
-
-@pytest.fixture
-def rlcore_plugins() -> str:
-    """Load this package's plugin (and only it) in these tests."""
-    return "rl-plugin-math"
-
 
 @pytest.fixture(scope="session")
-def gsm8k_rows() -> list[dict[str, Any]]:
-    """Every row of GSM8K's test split, read from the shared data folder (never copied here)."""
-    if not GSM8K_TEST.exists():
-        pytest.skip(f"GSM8K test split not found at {GSM8K_TEST} (the shared data folder is absent)")
-    with GSM8K_TEST.open(encoding="utf-8") as f:
+def gsm8k_rows(shared_data: Path) -> list[dict[str, Any]]:
+    """Every row of GSM8K's test split, read from the shared data folder (never copied here;
+    rlcore's ``shared_data`` fixture skips, or fails in CI, when the folder is absent)."""
+    path = shared_data / "gsm8k" / "test.jsonl"
+    assert path.is_file(), f"the shared data folder {shared_data} has no gsm8k/test.jsonl"
+    with path.open(encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
 
 

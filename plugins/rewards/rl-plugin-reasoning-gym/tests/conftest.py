@@ -11,12 +11,6 @@ import pytest
 from rlcore.types import Trajectory, Turn
 
 
-@pytest.fixture
-def rlcore_plugins() -> str:
-    """Load this package's plugin (and only it) in these tests."""
-    return "rl-plugin-reasoning-gym"
-
-
 def trajectory(row: dict[str, Any], text: str) -> Trajectory:
     """A finished one-turn trajectory of ``row`` whose assistant message is ``text``."""
     data = {k: v for k, v in row.items() if k != "prompt"}

@@ -17,10 +17,9 @@ def rlcore_plugins() -> str:
 
 
 @pytest.fixture(scope="session")
-def tokenizer(tiny_model_dir: str) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
+def tokenizer(tiny_tokenizer: Any) -> Any:
+    """The tiny model's tokenizer (rlcore's pytest plugin), under the name these tests use."""
+    return tiny_tokenizer
 
 
 @pytest.fixture

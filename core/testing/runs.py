@@ -1,0 +1,32 @@
+"""Checks on a finished run's output that several test suites make (the env quickstarts of
+rl-plugin-gym and rl-plugin-openenv promise the same things about their runs)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def run_steps(output_dir: str | Path) -> list[dict[str, Any]]:
+    """The per-step metrics a run wrote (``metrics.jsonl`` in its output directory)."""
+    return [json.loads(line) for line in (Path(output_dir) / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def check_multi_turn_run(output_dir: str | Path, summary: str, *, steps: int, episodes_per_step: int) -> list[dict[str, Any]]:
+    """Assert that a multi-turn env run trained ``steps`` steps in which no trajectory failed, every
+    episode took at least two turns and ended by the env or the turn cap (never by the length cap),
+    each of ``episodes_per_step`` episodes stepped the env, most turns ended at a stop string, and
+    the printed ``summary`` reports turns, env steps and how episodes ended. Returns the steps."""
+    rows = run_steps(output_dir)
+    assert len(rows) == steps, f"{len(rows)} steps in metrics.jsonl, expected {steps}"
+    for s in rows:
+        assert s["failed_trajectories"] == 0, s
+        assert s["num_turns"] >= 2, s
+        assert s["episodes_ended/length"] == 0.0, s
+        assert abs(s["episodes_ended/env_done"] + s["episodes_ended/max_turns"] - 1.0) < 1e-6, s
+        assert s["env_steps"] >= 2 * episodes_per_step, s
+        assert s["turns_ended_by_stop"] > 0.5, s  # a short reply ends at a stop string, not at the token cap
+    for part in ("turns per episode", "env steps", "episodes ended by"):
+        assert part in summary, f"the run's summary does not report {part!r}"
+    return rows

@@ -2,7 +2,9 @@
 (``--dataset reasoning_gym:…``) and scoring 10,000 completions with the ``reasoning_gym`` reward
 (through rlcore's reward path: trajectories, ``compute_reward``), next to the median time of one
 step of the default ``rlcore train`` (built-in tiny model and digits task, DEFAULT_TRAIN_CONFIG:
-32 trajectories, 8 tokens). Steps and data work alternate so both see the same machine load.
+32 trajectories, 8 tokens). Steps and data work alternate so both see the same machine load. A
+second yardstick: the median step at GRPOConfig's own defaults (TRL's: 8 completions of up to 256
+tokens) with the same tiny model on a reasoning-gym dataset and the ``reasoning_gym`` reward.
 
 Rows are generated when read, so two figures for data: ``create_s`` (``load_rows`` of a
 10,000-row dataset, what a run pays up front) and ``generate_s`` (reading every row, i.e.
@@ -81,7 +83,7 @@ def score(rows: list[dict[str, Any]], cold: bool, direct: list[float] | None = N
 class StepTimer:
     """Runs the default ``rlcore train`` step by step (a callback pauses it between steps)."""
 
-    def __init__(self, steps: int) -> None:
+    def __init__(self, steps: int, config: dict[str, Any] | None = None, rows: Any = None) -> None:
         import threading
 
         from transformers import TrainerCallback
@@ -104,9 +106,10 @@ class StepTimer:
                 timer.times.append(time.perf_counter() - timer._t)
                 timer.done.release()
 
-        cfg = dict(DEFAULT_TRAIN_CONFIG, max_steps=steps, output_dir=tempfile.mkdtemp(prefix="rg-bench-"), plots=False, disable_tqdm=True,
-                   logging_steps=1000)
-        self.trainer = GRPOTrainer(tiny_model_path(), args=GRPOConfig(**cfg), train_dataset=digits_dataset(), callbacks=[Cb()])
+        cfg = dict(DEFAULT_TRAIN_CONFIG if config is None else config, max_steps=steps,
+                   output_dir=tempfile.mkdtemp(prefix="rg-bench-"), plots=False, disable_tqdm=True, logging_steps=1000)
+        self.trainer = GRPOTrainer(tiny_model_path(), args=GRPOConfig(**cfg),
+                                   train_dataset=digits_dataset() if rows is None else rows, callbacks=[Cb()])
         self.thread = threading.Thread(target=self.trainer.train, daemon=True)
         self.thread.start()
 
@@ -122,14 +125,14 @@ def plot(result: dict[str, Any], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = ["one training step\n(default rlcore train)"]
-    values = [result["train_step_s"]]
+    labels = ["one training step\n(default rlcore train)", "one training step\n(GRPOConfig defaults)"]
+    values = [result["train_step_s"], result["default_config_step_s"]]
     for name, d in result["datasets"].items():
         labels += [f"create {result['rows']:,}-row\ndataset\n{name}", f"generate all\n{result['rows']:,} rows\n{name}",
                    f"score {result['rows']:,}\n(warm)\n{name}", f"score {result['rows']:,}\n(cold)\n{name}"]
         values += [d["create_s"], d["generate_s"], d["score_warm_s"], d["score_cold_s"]]
     fig, ax = plt.subplots(figsize=(11, 4.5))
-    ax.bar(range(len(values)), values, color=["#444"] + ["#7c7", "#3a7", "#37a", "#a73"] * len(result["datasets"]))
+    ax.bar(range(len(values)), values, color=["#444", "#888"] + ["#7c7", "#3a7", "#37a", "#a73"] * len(result["datasets"]))
     ax.set_xticks(range(len(values)), labels, fontsize=7)
     ax.set_ylabel("seconds (median)")
     ax.set_title("reasoning-gym: data and scoring vs one default training step (same run)")
@@ -142,6 +145,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=10_000)
     ap.add_argument("--steps", type=int, default=6, help="training steps timed (the first is warm-up)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--default-steps", type=int, default=2, help="steps timed at GRPOConfig's defaults (after one warm-up)")
     ap.add_argument("--out", default=os.path.join(RESULTS, "reasoning_gym_speed"))
     args = ap.parse_args()
 
@@ -163,10 +167,22 @@ def main() -> None:
                 measured[name]["score_warm_s"].append(score(rows, cold=False, direct=measured[name]["score_reward_only_s"]))
                 measured[name]["score_cold_s"].append(score(rows, cold=True))
     timer.thread.join(timeout=600)
+    # the second yardstick: a step at GRPOConfig's own defaults (TRL's: 8 completions of up to 256
+    # tokens per step) on a reasoning-gym dataset with the reasoning_gym reward, same tiny model
+    default_timer = StepTimer(args.default_steps + 1, config={"reward_funcs": ["reasoning_gym"], "save_strategy": "no",
+                                                            "report_to": "none"},
+                              rows=load_rows("reasoning_gym:leg_counting?size=64"))
+    default_timer.step()  # warm-up
+    default_steps = [default_timer.step() for _ in range(args.default_steps)]
+    default_timer.thread.join(timeout=600)
+    default_step = statistics.median(default_steps)
     step = statistics.median(steps)
     result: dict[str, Any] = {
         "rows": args.rows, "train_step_s": step, "train_steps_s": steps,
         "train_config": "rlcore train defaults (tiny model, digits task, 4 prompts x 8 generations, 8 tokens)",
+        "default_config_step_s": default_step, "default_config_steps_s": default_steps,
+        "default_config": "GRPOConfig defaults (TRL's: 1 prompt x 8 generations, up to 256 tokens), tiny model, "
+                          "reasoning_gym:leg_counting, reward reasoning_gym",
         "datasets": {},
     }
     for name, m in measured.items():
@@ -179,6 +195,8 @@ def main() -> None:
             "score_warm_over_step": med["score_warm_s"] / step,
             "score_reward_only_over_step": med["score_reward_only_s"] / step,
             "score_cold_over_step": med["score_cold_s"] / step,
+            "generate_over_default_config_step": med["generate_s"] / default_step,
+            "score_warm_over_default_config_step": med["score_warm_s"] / default_step,
         }
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out + ".json", "w", encoding="utf-8") as f:

@@ -115,7 +115,7 @@ async def main() -> None:
     params = SamplingParams(max_tokens=args.tokens, min_tokens=args.tokens, temperature=1.0)
 
     def new_sched() -> SleepyScheduler:
-        return SleepyScheduler(sampler, tokenizer=tok, max_turns=args.turns, sleep=args.sleep, jitter=args.jitter, max_concurrent_envs=args.trajectories)
+        return SleepyScheduler(sampler, tokenizer=tok, max_turns=args.turns, sleep=args.sleep, jitter=args.jitter, max_env_calls=args.trajectories)
 
     msgs = [{"role": "user", "content": "Count with me: say a number."}]
     prompts = [Prompt(msgs, encode_prompt(tok, msgs)) for _ in range(args.trajectories)]

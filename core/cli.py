@@ -52,11 +52,19 @@ def plugins_command(as_json: bool, show_all: bool) -> None:
 
 @cli.command(name="components")
 @click.argument("kind", required=False)
-def components_command(kind: str | None) -> None:
-    """List registered component names per kind (scheduler, env, reward, loss, advantage, sampler)."""
+@click.argument("name", required=False)
+def components_command(kind: str | None, name: str | None) -> None:
+    """List registered component names per kind (scheduler, env, reward, loss, advantage, sampler);
+    with KIND NAME, the options that component declares (its --flags and <kind>_options keys)."""
     from .hookspecs import KINDS
 
     p = plugins()
+    if kind and name:
+        from .rollout.options import describe_options
+
+        lines = describe_options(p.get(kind, name), kind)
+        click.echo(f"{kind} {name!r} options: " + ("\n  " + "\n  ".join(lines) if lines else "none"))
+        return
     for k in [kind] if kind else list(KINDS):
         names = p.available(k)
         click.echo(f"{k}: {', '.join(names) if names else '-'}")

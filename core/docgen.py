@@ -156,6 +156,8 @@ def render_cli() -> str:
             out += [f"{level} {' '.join(path)}", "", "```text", text.rstrip(), "```", ""]
             if path == ["rlcore", "train"]:
                 out += _train_flags()
+            if path == ["rlcore", "rollout"]:
+                out += _shared_flags()
         return "\n".join(out).rstrip() + "\n"
     finally:
         if previous is None:
@@ -184,10 +186,35 @@ def _train_flags() -> list[str]:
     ]
     out += [f"| `--{name.replace('_', '-')}` | {text.replace('|', '/')} |" for name, text in SCRIPT_FLAGS.items()]
     out += [
-        "| `--SCHEDULER-OPTION VALUE` | any option a scheduler, sampler or env declares (`--env-url`, `--max-concurrent-envs` …) |",
+        "| `--OPTION VALUE` | any option the run's scheduler, sampler, env, loss, advantage estimator or reward class declares (`--env-url`, `--max-env-calls`, gigpo's `--gamma` …) |",
         "",
     ]
     return out
+
+
+def _shared_flags() -> list[str]:
+    """The options ``rlcore rollout`` shares with ``rlcore train``: one vocabulary (TRL's names), read
+    off both commands, so this table cannot drift from either."""
+    from .rollout.cli import OLD_ROLLOUT_NAMES, rollout_command
+    from .train_cli import SCRIPT_FLAGS
+    from .training.config import GRPOConfig
+
+    train_names = set(GRPOConfig.__dataclass_fields__) | set(SCRIPT_FLAGS)
+    old = {new: f"`--{name.replace('_', '-')}`" for name, new in OLD_ROLLOUT_NAMES.items()}
+    out = [
+        "`rlcore rollout` and `rlcore train` share one vocabulary, TRL's names, in either spelling",
+        "(`--max-completion-length` or `--max_completion_length`). The options of `rlcore rollout` that",
+        "`rlcore train` has too:",
+        "",
+        "| option (dash or underscore) | rlcore 0.1 `rollout` spelling (still accepted) |",
+        "|---|---|",
+    ]
+    for param in rollout_command.params:
+        name = {"rewards": "reward"}.get(param.name or "", param.name or "")
+        if name not in train_names:
+            continue
+        out.append(f"| `--{name.replace('_', '-')}` | {old.get(name, '')} |")
+    return out + [""]
 
 
 PAGES = {"hooks.md": render_hooks, "cli.md": render_cli}

@@ -1,7 +1,7 @@
 """``rlcore train``: flags straight from :class:`GRPOConfig` (transformers' HfArgumentParser, as
 TRL's CLI does), plus ``--config FILE.yaml|toml``, ``--model``, ``--dataset``, ``--reward NAME``
-(repeatable) and plugin options as flags (``--env-url X`` reaches whichever scheduler/sampler
-declares ``env_url``).
+(repeatable) and component options as flags (``--env-url X`` reaches whichever of the run's
+scheduler, sampler, env, loss, advantage estimator or reward classes declares ``env_url``).
 
 With no arguments it trains the built-in tiny model on the built-in ``digits`` task on the CPU
 (see :mod:`rlcore.tasks`). Every check — flags, names, dataset columns — runs before any model
@@ -80,7 +80,8 @@ def help_text() -> str:
     lines = [_parser().format_help(), "rlcore options:"]
     for name, text in SCRIPT_FLAGS.items():
         lines.append(f"  --{name.replace('_', '-')}  {text}")
-    lines.append("  plugin options: any --flag a scheduler/sampler/env declares (e.g. --env-url, --max-concurrent-envs)")
+    lines.append("  component options: any --flag the run's scheduler, sampler, env, loss, advantage estimator or reward\n"
+                 "  class declares (e.g. --env-url, --max-env-calls, gigpo's --gamma); see `rlcore components KIND`")
     from .distributed.cli import help_lines
 
     lines.extend(help_lines())
@@ -245,22 +246,69 @@ def _scheduler_factory(rest: Sequence[str], file_values: dict[str, Any]) -> Any:
     return get("scheduler", str(name or "default"))
 
 
-def _plugin_options(args: Any, leftover: list[str], from_file: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Route leftover flags (and unknown config-file keys) to the scheduler/sampler that declares them."""
-    if not leftover and not from_file:
-        return {"scheduler": {}, "sampler": {}}
+#: the component kinds a run's leftover flags may reach (env: through its scheduler's env_kwargs)
+OPTION_KINDS = ("scheduler", "sampler", "env", "reward", "loss", "advantage")
+
+
+def option_targets(args: Any, scheduler_options: dict[str, Any] | None = None) -> dict[str, tuple[str, str, Any]]:
+    """label -> (kind, name, accepted parameters) for every component the run chose: its scheduler,
+    sampler, loss, advantage estimator, each reward class, and the env an env scheduler is told to
+    build (``env`` in the scheduler's options)."""
     from .plugins import get
+    from .rollout.env_scheduler import chosen_env
+    from .rollout.options import component_parameters
+
+    chosen = [("scheduler", args.scheduler), ("sampler", args.sampler), ("loss", args.effective_loss_type),
+              ("advantage", args.advantage)] + [("reward", name) for name in (args.reward_funcs or [])]
+    env = chosen_env(get("scheduler", args.scheduler), scheduler_options or {})
+    if env is not None:
+        chosen.append(("env", env[0]))
+    targets: dict[str, tuple[str, str, Any]] = {}
+    for kind, name in chosen:
+        factory = env[1] if kind == "env" and env is not None else get(kind, name)
+        targets[f"{kind} {name!r}"] = (kind, name, component_parameters(kind, factory))
+    return targets
+
+
+def _plugin_options(args: Any, leftover: list[str], from_file: dict[str, Any]) -> dict[str, Any]:
+    """Route leftover flags (and unknown config-file keys) to whichever chosen component declares
+    them: ``{"scheduler": {...}, "sampler": {...}, "env": {...}, "loss": {...}, "advantage": {...},
+    "reward": {name: {...}}}``."""
+    out: dict[str, Any] = {kind: {} for kind in OPTION_KINDS}
+    if not leftover and not from_file:
+        return out
     from .rollout.options import parse_flags, resolve_options
 
-    flags = parse_flags(leftover) if leftover else {}
-    flags = {**from_file, **flags}
-    factories = {
-        f"scheduler {args.scheduler!r}": get("scheduler", args.scheduler),
-        f"sampler {args.sampler!r}": get("sampler", args.sampler),
-    }
-    routed = resolve_options(flags, factories)
-    labels = list(factories)
-    return {"scheduler": routed[labels[0]], "sampler": routed[labels[1]]}
+    flags = {**from_file, **(parse_flags(leftover) if leftover else {})}
+    scheduler_flags = {**(args.env_options or {}), **(args.scheduler_options or {}), **flags}
+    targets = option_targets(args, scheduler_flags)
+    routed = resolve_options(flags, {label: params for label, (_, _, params) in targets.items()})
+    for label, (kind, name, _) in targets.items():
+        if kind == "reward":
+            if routed[label]:
+                out["reward"][name] = routed[label]
+        else:
+            out[kind] = routed[label]
+    return out
+
+
+def apply_component_options(args: Any, options: dict[str, Any]) -> None:
+    """Merge a plan's routed options into the config's ``<kind>_options`` (flags win); an env's
+    options reach it through its scheduler's ``env_kwargs``."""
+    args.scheduler_options = {**(args.scheduler_options or {}), **options.get("scheduler", {})}
+    if options.get("env"):
+        kwargs = args.scheduler_options.get("env_kwargs") or {}
+        from .rollout.options import json_object
+
+        args.scheduler_options["env_kwargs"] = {**json_object(kwargs, "env_kwargs"), **options["env"]}
+    args.sampler_options = {**(args.sampler_options or {}), **options.get("sampler", {})}
+    args.loss_options = {**(args.loss_options or {}), **options.get("loss", {})}
+    args.advantage_options = {**(args.advantage_options or {}), **options.get("advantage", {})}
+    if options.get("reward"):
+        merged = dict(args.reward_options or {})
+        for name, opts in options["reward"].items():
+            merged[name] = {**(merged.get(name) or {}), **opts}
+        args.reward_options = merged
 
 
 # --- running ----------------------------------------------------------------------------------------
@@ -270,8 +318,7 @@ def run_plan(plan: TrainPlan) -> Any:
 
     console = Console(stderr=False)
     args = plan.args
-    args.scheduler_options = {**(args.scheduler_options or {}), **plan.component_options.get("scheduler", {})}
-    args.sampler_options = {**(args.sampler_options or {}), **plan.component_options.get("sampler", {})}
+    apply_component_options(args, plan.component_options)
     _header(console, plan)
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     from transformers.utils import logging as hf_logging

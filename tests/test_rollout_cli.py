@@ -40,6 +40,23 @@ def test_rollout_command_writes_jsonl(tmp_path: Path) -> None:
     assert "wrote 4 trajectories" in res.output
 
 
+def test_rollout_speaks_trains_vocabulary_in_both_spellings(tmp_path: Path) -> None:
+    """`rlcore rollout` takes `rlcore train`'s (TRL's) names, dash or underscore; rlcore 0.1's stay aliases."""
+    for flags in (["--max_completion_length", "3", "--num_generations", "2", "--rollout_concurrency", "1",
+                   "--rollout_timeout", "60", "--dataset_split", "train", "--sampler_options", '{"seed": 3}'],
+                  ["--max-completion-length", "3", "--num-generations", "2", "--rollout-concurrency", "1",
+                   "--rollout-timeout", "60", "--dataset-split", "train", "--sampler-options", '{"seed": 3}'],
+                  ["--max-tokens", "3", "--num-generations", "2", "--concurrency", "1", "--timeout", "60",
+                   "--split", "train"]):
+        out = tmp_path / "r.jsonl"
+        res = run_cli(["rollout", "--limit", "1", "--no-progress", "--output", str(out), *flags])
+        assert res.exit_code == 0, (flags, res.output)
+        lines = [json.loads(x) for x in out.read_text().splitlines()]
+        assert len(lines) == 2 and all(0 < len(d["completion_ids"]) <= 3 for d in lines)
+    res = run_cli(["rollout", "--limit", "1", "--no-progress", "--sampler-options", '{"sede": 3}', "--output", str(out)])
+    assert res.exit_code != 0 and str(res.exception).startswith("unknown option --sede: sampler 'hf' accepts")
+
+
 def test_unknown_option_is_one_line(tmp_path: Path) -> None:
     res = run_cli(["rollout", "--env-url", "http://x", "--output", str(tmp_path / "r.jsonl")])
     assert res.exit_code != 0
@@ -75,9 +92,12 @@ def test_plugin_options_mapping() -> None:
 @pytest.mark.parametrize("flags, needle", [
     (["--num-generations", "0"], "--num-generations must be at least 1, got 0"),
     (["--num-generations", "-3"], "--num-generations must be at least 1, got -3"),
-    (["--max-tokens", "0"], "--max-tokens must be at least 1, got 0"),
+    (["--max-tokens", "0"], "--max-completion-length must be at least 1, got 0"),  # rlcore 0.1's spelling
+    (["--max_completion_length", "0"], "--max-completion-length must be at least 1, got 0"),
+    (["--rollout-concurrency", "0"], "--rollout-concurrency must be at least 1, got 0"),
     (["--limit", "-1"], "--limit must be 0 (all prompts) or a positive number of prompts, got -1"),
-    (["--timeout", "0"], "--timeout must be a positive number of seconds"),
+    (["--timeout", "0"], "--rollout-timeout must be a positive number of seconds"),
+    (["--rollout_timeout", "0"], "--rollout-timeout must be a positive number of seconds"),
     (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
 ])
 def test_bad_numbers_are_one_line_before_anything_loads(flags: list[str], needle: str, tmp_path: Path,

@@ -206,7 +206,10 @@ def gigpo_advantages(
 
 # --- hook implementations --------------------------------------------------------------------------
 class _Estimator:
-    """Holds the run's config; ``compute_advantage`` is the hook. ``stats`` is the last call's."""
+    """Holds the run's config; ``compute_advantage`` is the hook. ``stats`` is the last call's.
+
+    An estimator's options are its constructor's keyword parameters (``advantage_options`` /
+    ``--flag``), as for every component; ``config`` is the run's GRPOConfig (wiring, not an option)."""
 
     def __init__(self, config: Any = None, **options: Any) -> None:
         self.config = config
@@ -278,14 +281,29 @@ class ReinforcePPAdvantage(_Estimator):
 
 
 class GiGPOAdvantage(_Estimator):
+    """GiGPO. Options: ``gamma`` (discount of per-turn rewards, 0.95) and ``step_weight`` (weight of
+    the step-level advantage, 1.0); unset, they fall back to a config's rlcore 0.1 ``gigpo_gamma`` /
+    ``gigpo_step_weight`` attributes, then to those defaults."""
+
+    def __init__(self, config: Any = None, *, gamma: float | None = None, step_weight: float | None = None,
+                 **options: Any) -> None:
+        super().__init__(config, **options)
+        self.gamma = float(_given(gamma, getattr(config, "gigpo_gamma", None), 0.95))
+        self.step_weight = float(_given(step_weight, getattr(config, "gigpo_step_weight", None), 1.0))
+
     @hookimpl
     def compute_advantage(self, rewards: Any, groups: list[str], trajectories: list[Any], config: Any) -> Any:
         adv, self.stats = gigpo_advantages(
             rewards,
             groups,
             trajectories,
-            gamma=float(self._opt("gigpo_gamma", 0.95)),
-            step_weight=float(self._opt("gigpo_step_weight", 1.0)),
+            gamma=self.gamma,
+            step_weight=self.step_weight,
             scale_rewards=str(self._opt("scale_rewards", "group")),
         )
         return adv
+
+
+def _given(*values: Any) -> Any:
+    """The first value that is not ``None``."""
+    return next(v for v in values if v is not None)

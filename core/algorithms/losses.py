@@ -24,6 +24,12 @@ vespo      REINFORCE scaled by a detached gamma weight φ(w) of the sequence rat
            ``get_gamma_weights``: φ(w) = e^λ w^k e^(-λw), k/λ by advantage sign); dapo norm.
 =========  ==================================================================================
 
+A loss declares its own knobs as ``loss.options = {name: default}`` (``sapo`` declares
+``sapo_temperature_pos``/``_neg``, ``vespo`` its four ``vespo_*`` — TRL's names); the run sets them with
+``loss_options`` (or ``--NAME VALUE`` on the command line, or a GRPOConfig field of the same name,
+which is how TRL's ``sapo_temperature_*``/``vespo_*`` fields reach them) and the loss reads them as
+``config.NAME``. The knobs every loss here shares are :class:`LossConfig`'s attributes.
+
 ``importance_sampling_level="sequence"`` (TRL's GSPO switch) makes every loss use one ratio per
 sequence — the mean of its token log-ratios — as in TRL, where it applies to all loss types;
 ``gspo`` is ``grpo`` at sequence level. With ``beta`` > 0 the k3 KL term is multiplied by the
@@ -33,39 +39,64 @@ ratio (TRL's ``use_bias_correction_kl``, default on).
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import attrs
 import torch
 
+from ..protocols import OPTIONS_ATTR, declared_options
 from .is_correction import importance_weights
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo", "luspo", "vespo")
 _CLIPPED = ("grpo", "bnpo", "dr_grpo", "dapo", "gspo", "luspo")
 
 
-@attrs.define
+#: the options the built-in losses declare (``loss.options``), under TRL's GRPOConfig names
+SAPO_OPTIONS: dict[str, Any] = {"sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05}
+VESPO_OPTIONS: dict[str, Any] = {"vespo_k_pos": 2.0, "vespo_lambda_pos": 3.0, "vespo_k_neg": 3.0, "vespo_lambda_neg": 2.0}
+
+
+@attrs.define(init=False)
 class LossConfig:
-    """The knobs losses read. Built from a :class:`~rlcore.training.config.GRPOConfig` with
-    :meth:`from_args`; ``num_items`` is set by the trainer per generation batch (for dapo/cispo)."""
+    """What a loss reads: the knobs every GRPO-family loss shares (clip range, KL, importance
+    correction, normalisation) as attributes, plus ``options`` — the chosen loss's own knobs
+    (declared by the loss as ``loss.options``), also readable as attributes (``cfg.sapo_temperature_pos``).
+
+    Built from a :class:`~rlcore.training.config.GRPOConfig` with :meth:`from_args`; ``num_items``
+    is set by the trainer per generation batch (for dapo/cispo/vespo). ``LossConfig(epsilon=0.1,
+    my_knob=3)`` puts unknown keywords into ``options``.
+    """
 
     epsilon: float = 0.2
     epsilon_high: float | None = None
     delta: float | None = None
     beta: float = 0.0
     max_completion_length: int = 256
-    sapo_temperature_pos: float = 1.0
-    sapo_temperature_neg: float = 1.05
     is_correction: str | None = None
     is_threshold: float = 3.0
     is_min_threshold: float | None = None
     num_items: float | None = None
     importance_sampling_level: str = "token"
     use_bias_correction_kl: bool = True
-    vespo_k_pos: float = 2.0
-    vespo_lambda_pos: float = 3.0
-    vespo_k_neg: float = 3.0
-    vespo_lambda_neg: float = 2.0
+    options: dict[str, Any] = attrs.field(factory=dict)
+
+    def __init__(self, options: Mapping[str, Any] | None = None, **values: Any) -> None:
+        shared = _shared_fields()
+        opts = dict(options or {})
+        opts.update({k: v for k, v in values.items() if k not in shared})
+        self.__attrs_init__(**{k: v for k, v in values.items() if k in shared}, options=opts)
+
+    def __getattr__(self, name: str) -> Any:
+        """A loss's own knob: ``options``, else a built-in loss's declared default (so code written
+        when LossConfig listed every built-in's knobs keeps reading them)."""
+        if name.startswith("__") or name == "options":
+            raise AttributeError(name)
+        opts = object.__getattribute__(self, "options")
+        if name in opts:
+            return opts[name]
+        if name in _BUILTIN_DEFAULTS:
+            return _BUILTIN_DEFAULTS[name]
+        raise AttributeError(f"LossConfig has no knob {name!r} (options: {', '.join(sorted(opts)) or 'none'})")
 
     @property
     def epsilon_low(self) -> float:
@@ -77,9 +108,33 @@ class LossConfig:
 
     @classmethod
     def from_args(cls, args: Any, **overrides: Any) -> "LossConfig":
-        values = {f.name: getattr(args, f.name) for f in attrs.fields(cls) if hasattr(args, f.name)}
+        """The shared knobs from ``args`` (a GRPOConfig or anything with those attributes), and the
+        chosen loss's options: its declared defaults < a GRPOConfig field of the same name (TRL's
+        ``sapo_temperature_*``, ``vespo_*``) < ``args.loss_options`` < ``overrides``."""
+        values = {name: getattr(args, name) for name in _shared_fields() if hasattr(args, name)}
+        values["options"] = loss_options(args)
         values.update(overrides)
         return cls(**values)
+
+
+def _shared_fields() -> set[str]:
+    return {f.name for f in attrs.fields(LossConfig)} - {"options"}
+
+
+def loss_options(args: Any, loss: Any = None) -> dict[str, Any]:
+    """The options the run's loss gets: what it declares (defaults), overridden by ``args``
+    attributes of the same name, then by ``args.loss_options``. ``loss`` defaults to the one
+    ``args.loss_type`` names; a config without ``loss_type`` gets the built-ins' knobs."""
+    if loss is None:
+        name = getattr(args, "loss_type", None)
+        if name is not None:
+            from ..plugins import get
+
+            loss = get("loss", str(name))
+    declared = declared_options(loss) if loss is not None else dict(_BUILTIN_DEFAULTS)
+    out = {k: getattr(args, k, v) for k, v in declared.items()}
+    out.update(getattr(args, "loss_options", None) or {})
+    return out
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
@@ -208,7 +263,7 @@ def _gamma_weights(adv: torch.Tensor, token_log_ratio: torch.Tensor, mask: torch
     return torch.exp(lam + k * log_w - lam * w).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
 
-def _make(kind: str) -> Callable[..., tuple[torch.Tensor, dict[str, float]]]:
+def _make(kind: str, options: Mapping[str, Any] | None = None) -> Callable[..., tuple[torch.Tensor, dict[str, float]]]:
     def loss(
         logps: torch.Tensor,
         old_logps: torch.Tensor | None,
@@ -225,6 +280,7 @@ def _make(kind: str) -> Callable[..., tuple[torch.Tensor, dict[str, float]]]:
     loss.__name__ = f"{kind}_loss"
     loss.__qualname__ = loss.__name__
     loss.__doc__ = f"The ``{kind}`` policy loss (see :mod:`rlcore.algorithms.losses`)."
+    setattr(loss, OPTIONS_ATTR, dict(options or {}))  # its own knobs: name -> default
     return loss
 
 
@@ -234,6 +290,9 @@ dr_grpo_loss = _make("dr_grpo")
 dapo_loss = _make("dapo")
 gspo_loss = _make("gspo")
 cispo_loss = _make("cispo")
-sapo_loss = _make("sapo")
+sapo_loss = _make("sapo", SAPO_OPTIONS)
 luspo_loss = _make("luspo")
-vespo_loss = _make("vespo")
+vespo_loss = _make("vespo", VESPO_OPTIONS)
+
+#: every built-in loss's declared default (what a bare ``LossConfig()`` answers for them)
+_BUILTIN_DEFAULTS: dict[str, Any] = {**SAPO_OPTIONS, **VESPO_OPTIONS}

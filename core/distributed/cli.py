@@ -116,13 +116,13 @@ def run_distributed_plan(plan: Any, config: DistributedConfig) -> Any:
     from rich.console import Console
     from rich.table import Table
 
+    from ..train_cli import apply_component_options
     from .runner import run_distributed
     from .runtime import require_ray
 
     require_ray()
     args = plan.args
-    args.scheduler_options = {**(args.scheduler_options or {}), **plan.component_options.get("scheduler", {})}
-    args.sampler_options = {**(args.sampler_options or {}), **plan.component_options.get("sampler", {})}
+    apply_component_options(args, plan.component_options)
     config.sampler_name = args.sampler  # each sampler worker hosts the configured backend
     config.sampler_options = dict(args.sampler_options)
     console = Console()

@@ -4,8 +4,9 @@ Defaults make it work with no arguments: the built-in tiny model, the built-in a
 the single-turn scheduler and the ``hf`` sampler. A scheduler with an embedded default
 (``default_task()``, e.g. ``openenv_scheduler``, ``gym_scheduler``) brings its own prompts, per-turn
 token cap, ``max_turns`` and scheduler options (stop strings …) when no ``--dataset`` is given.
-Options a scheduler or sampler declares (its factory's keyword parameters) are accepted as flags:
-``--env-url X`` → ``env_url="X"``.
+Options a scheduler, sampler or env declares (its factory's keyword parameters) are accepted as
+flags: ``--env-url X`` → ``env_url="X"``. The other options are ``rlcore train``'s names (TRL's),
+in either spelling; rlcore 0.1's ``--max-tokens``/``--concurrency``/``--timeout``/``--split`` stay.
 """
 
 from __future__ import annotations
@@ -26,6 +27,20 @@ def register(cli: Any) -> None:
     cli.add_command(check_rollouts_command)
 
 
+def _flag(name: str, *aliases: str) -> tuple[str, ...]:
+    """``--max-completion-length`` → both spellings (``--max_completion_length`` too, as ``rlcore
+    train`` and TRL accept) plus rlcore 0.1's ``aliases`` (``--max-tokens``), then the option's key."""
+    spellings = [f"--{name.replace('_', '-')}"]
+    if "_" in name:
+        spellings.append(f"--{name}")
+    return (*spellings, *aliases, name)
+
+
+#: ``rlcore rollout``'s rlcore 0.1 spellings -> the names it shares with ``rlcore train`` (TRL's)
+OLD_ROLLOUT_NAMES = {"max_tokens": "max_completion_length", "concurrency": "rollout_concurrency",
+                     "timeout": "rollout_timeout", "split": "dataset_split"}
+
+
 @click.command(
     name="rollout",
     context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
@@ -33,32 +48,35 @@ def register(cli: Any) -> None:
 @click.option("--scheduler", default="default", show_default=True, help="Scheduler name (rlcore components scheduler).")
 @click.option("--model", default=None, help="Model directory or hub id [default: the built-in tiny model].")
 @click.option("--dataset", default=None, help=".jsonl/.json/.parquet file, datasets name, or SOURCE:SPEC?key=value of a dataset source [default: built-in arithmetic].")
-@click.option("--dataset-options", default=None, help="Options for a dataset source (SOURCE:SPEC): key=value,key=value or JSON.")
-@click.option("--split", default="train", show_default=True, help="Dataset split (datasets names).")
-@click.option("--prompt-column", default=None, help="Column holding the prompt when it is not messages/prompt/question.")
-@click.option("--system-prompt", default=None, help="System message prepended to every prompt.")
+@click.option(*_flag("dataset_options"), default=None, help="Options for a dataset source (SOURCE:SPEC): key=value,key=value or JSON.")
+@click.option(*_flag("dataset_split", "--split"), default="train", show_default=True, help="Dataset split (datasets names).")
+@click.option(*_flag("prompt_column"), default=None, help="Column holding the prompt when it is not messages/prompt/question.")
+@click.option(*_flag("system_prompt"), default=None, help="System message prepended to every prompt.")
 @click.option("--limit", type=int, default=8, show_default=True, help="Number of prompts (0: all).")
-@click.option("--num-generations", type=int, default=1, show_default=True, help="Trajectories per prompt.")
-@click.option("--max-turns", type=int, default=None, help="Turn limit [default: the scheduler's].")
-@click.option("--max-tokens", type=int, default=None, help="Tokens per completion [default: the scheduler's default task's, else 64].")
+@click.option(*_flag("num_generations"), type=int, default=1, show_default=True, help="Trajectories per prompt.")
+@click.option(*_flag("max_turns"), type=int, default=None, help="Turn limit [default: the scheduler's].")
+@click.option(*_flag("max_completion_length", "--max-tokens"), type=int, default=None,
+              help="Most tokens sampled per assistant turn [default: the scheduler's default task's, else 64].")
 @click.option("--temperature", type=float, default=1.0, show_default=True)
-@click.option("--top-p", type=float, default=1.0, show_default=True)
+@click.option(*_flag("top_p"), type=float, default=1.0, show_default=True)
 @click.option("--seed", type=int, default=None, help="Sampling seed (per trajectory: seed + index).")
 @click.option("--sampler", default="hf", show_default=True, help="Sampler backend name.")
 @click.option("--reward", "rewards", multiple=True, help="Reward name, repeatable; NAME=WEIGHT sets a weight.")
-@click.option("--concurrency", type=int, default=64, show_default=True, help="Trajectories in flight.")
-@click.option("--timeout", type=float, default=None, help="Seconds per trajectory before it fails.")
+@click.option(*_flag("rollout_concurrency", "--concurrency"), type=int, default=64, show_default=True, help="Trajectories in flight.")
+@click.option(*_flag("rollout_timeout", "--timeout"), type=float, default=None, help="Seconds per trajectory before it fails.")
 @click.option("--output", "-o", default="rollouts.jsonl", show_default=True, help="Output JSONL file.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
-@click.option("--scheduler-options", default=None, help="JSON object of scheduler options (merged under --flags).")
-@click.option("--observer", "observers", multiple=True, help="Installed observer plugin to run alongside (repeatable).")
+@click.option(*_flag("scheduler_options"), default=None, help="JSON object of scheduler options (merged under --flags).")
+@click.option(*_flag("sampler_options"), default=None, help="JSON object of sampler options (merged under --flags).")
+@click.option("--observer", "--observers", "observers", multiple=True, help="Installed observer plugin to run alongside (repeatable).")
 @click.option("--check/--no-check", default=True, show_default=True,
               help="Hold every trajectory to the rollout invariants (a violation fails it; see check-rollouts).")
 @click.pass_context
 def rollout_command(ctx: click.Context, **opts: Any) -> None:
     """Run rollouts with a scheduler and write trajectories as JSONL (no training).
 
-    Extra --flags go to the scheduler / sampler that declares them, e.g. --env-url, --env.
+    Extra --flags go to the scheduler, sampler or env (of an env scheduler) that declares them,
+    e.g. --env-url, --env.
     """
     summary = asyncio.run(run_rollout_command(extra_args=list(ctx.args), **opts))
     click.echo(summary, err=True)
@@ -71,11 +89,11 @@ def check_options(opts: dict[str, Any]) -> None:
             raise ConfigError(f"{flag} must be {rule}, got {opts[flag.lstrip('-').replace('-', '_')]}")
 
     need(opts["num_generations"] >= 1, "--num-generations", "at least 1")
-    need(opts["max_tokens"] is None or opts["max_tokens"] >= 1, "--max-tokens", "at least 1")
+    need(opts["max_completion_length"] is None or opts["max_completion_length"] >= 1, "--max-completion-length", "at least 1")
     need(opts["limit"] >= 0, "--limit", "0 (all prompts) or a positive number of prompts")
-    need(opts["concurrency"] >= 1, "--concurrency", "at least 1")
+    need(opts["rollout_concurrency"] >= 1, "--rollout-concurrency", "at least 1")
     need(opts["max_turns"] is None or opts["max_turns"] >= 1, "--max-turns", "at least 1")
-    need(opts["timeout"] is None or opts["timeout"] > 0, "--timeout", "a positive number of seconds")
+    need(opts["rollout_timeout"] is None or opts["rollout_timeout"] > 0, "--rollout-timeout", "a positive number of seconds")
     need(opts["temperature"] >= 0, "--temperature", ">= 0")
     need(0 < opts["top_p"] <= 1, "--top-p", "in (0, 1]")
 
@@ -83,6 +101,11 @@ def check_options(opts: dict[str, Any]) -> None:
 async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
     """The command's work as a coroutine (tests call it in-process)."""
     from .. import plugins as registry
+
+    for old, new in OLD_ROLLOUT_NAMES.items():  # callers written against rlcore 0.1's keyword names
+        if old in opts:
+            opts.setdefault(new, opts.pop(old))
+    opts.setdefault("sampler_options", None)
     check_options(opts)
     from ..data import load_prompts, parse_dataset_options
     from ..plugins import RunHooks
@@ -90,14 +113,27 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
     from ..types import SamplingParams
     from .driver import run_rollouts, template_tools
     from .scheduler import build_scheduler
-    from .options import json_object, plugin_options
+    from .env_scheduler import chosen_env
+    from .options import component_parameters, json_object, parse_flags, resolve_options
 
     scheduler_factory = registry.get("scheduler", opts["scheduler"])
     sampler_factory = registry.get("sampler", opts["sampler"])
-    labels = {f"scheduler {opts['scheduler']!r}": scheduler_factory, f"sampler {opts['sampler']!r}": sampler_factory}
-    routed = plugin_options(extra_args, labels)
-    sched_opts, sampler_opts = routed[f"scheduler {opts['scheduler']!r}"], routed[f"sampler {opts['sampler']!r}"]
-    sched_opts = {**json_object(opts.get("scheduler_options"), "--scheduler-options"), **sched_opts}
+    flags = parse_flags(extra_args)
+    given_sched_opts = json_object(opts.get("scheduler_options"), "--scheduler-options")
+    sched_label, sampler_label = f"scheduler {opts['scheduler']!r}", f"sampler {opts['sampler']!r}"
+    labels: dict[str, Any] = {sched_label: scheduler_factory, sampler_label: sampler_factory}
+    env = chosen_env(scheduler_factory, {**given_sched_opts, **flags})
+    if env is not None:  # the env an env scheduler plays takes its own flags (through env_kwargs)
+        labels[f"env {env[0]!r}"] = component_parameters("env", env[1])
+    routed = resolve_options(flags, labels)
+    sched_opts, sampler_opts = routed[sched_label], routed[sampler_label]
+    given_sampler_opts = json_object(opts.get("sampler_options"), "--sampler-options")
+    if given_sampler_opts:  # checked like flags: a misspelt key is one line naming what the sampler accepts
+        given_sampler_opts = resolve_options(given_sampler_opts, {sampler_label: sampler_factory})[sampler_label]
+    sampler_opts = {**given_sampler_opts, **sampler_opts}
+    sched_opts = {**given_sched_opts, **sched_opts}
+    if env is not None and routed[f"env {env[0]!r}"]:
+        sched_opts["env_kwargs"] = {**json_object(sched_opts.get("env_kwargs"), "env_kwargs"), **routed[f"env {env[0]!r}"]}
     reward_objs, weights = _rewards(opts["rewards"], registry, as_reward)
     dataset: Any = opts["dataset"]
     if dataset is None and callable(getattr(scheduler_factory, "default_task", None)):
@@ -108,10 +144,10 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
         sched_opts = {**task.scheduler_options, **sched_opts}
         if opts["max_turns"] is None and task.task_config.get("max_turns") is not None:
             opts["max_turns"] = task.task_config["max_turns"]
-        if opts["max_tokens"] is None:
-            opts["max_tokens"] = task.task_config.get("max_completion_length")
-    if opts["max_tokens"] is None:
-        opts["max_tokens"] = 64
+        if opts["max_completion_length"] is None:
+            opts["max_completion_length"] = task.task_config.get("max_completion_length")
+    if opts["max_completion_length"] is None:
+        opts["max_completion_length"] = 64
 
     model = opts["model"]
     if model is None:
@@ -127,14 +163,15 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
             sched_opts["max_turns"] = opts["max_turns"]
         scheduler = build_scheduler(scheduler_factory, sampler, tokenizer, **sched_opts)
         prompts = load_prompts(
-            dataset, tokenizer, split=opts["split"], prompt_column=opts["prompt_column"],
+            dataset, tokenizer, split=opts["dataset_split"], prompt_column=opts["prompt_column"],
             system_prompt=opts["system_prompt"], limit=opts["limit"] or None, tools=template_tools(scheduler),
             options=parse_dataset_options(opts.get("dataset_options")),
         )
-        params = SamplingParams(max_tokens=opts["max_tokens"], temperature=opts["temperature"], top_p=opts["top_p"], seed=opts["seed"])
+        params = SamplingParams(max_tokens=opts["max_completion_length"], temperature=opts["temperature"],
+                                top_p=opts["top_p"], seed=opts["seed"])
         result = await run_rollouts(
             scheduler, prompts, num_generations=opts["num_generations"], sampling_params=params,
-            concurrency=opts["concurrency"], progress=opts["progress"], timeout=opts["timeout"],
+            concurrency=opts["rollout_concurrency"], progress=opts["progress"], timeout=opts["rollout_timeout"],
             observers=opts.get("observers") or (), check=opts.get("check", True),
         )
         if reward_objs:

@@ -14,20 +14,28 @@ import concurrent.futures
 import contextvars
 import functools
 import inspect
-from typing import Any
+import warnings
+from typing import Any, Mapping
 
 from ..asyncutil import await_me_maybe
 from ..envs import Env, EnvStep
-from ..errors import EnvError, one_line
+from ..errors import ConfigError, EnvError, one_line
 from ..types import Completion, SamplingParams, Trajectory
+from .options import json_object
 from .scheduler import MultiTurnScheduler
 from ..chat_template import encode_prompt
 
 
 class EnvScheduler(MultiTurnScheduler):
-    """Subclasses implement :meth:`make_env`; may override :meth:`parse_action` / :meth:`format_observation`.
+    """Plays one registered env per trajectory; subclasses may override :meth:`make_env` (build envs
+    their own way), :meth:`env_factory` (resolve more names), :meth:`parse_action` /
+    :meth:`format_observation`.
 
-    Options: ``max_turns`` (4), ``max_concurrent_envs`` (env calls in flight at once, 64),
+    Options: ``env`` (the registered env a row without ``env_config.name`` plays: any package's,
+    `rlcore components env`), ``env_kwargs`` (options for every env of the run; a row's
+    ``env_config`` overrides them), ``max_turns`` (4), ``max_env_calls`` (env calls — reset, step,
+    close — in flight at once, and the width of the thread pool sync envs run on, 64; rlcore 0.1
+    called it ``max_concurrent_envs``, still accepted with a warning),
     ``env_timeout`` (seconds per reset/step/close, 60), ``stop`` (strings that end an assistant turn,
     added to the sampling params' own: an environment whose action is one word can end the turn at
     the first whitespace), ``stop_on_truncation`` (end the episode when a reply hits ``max_tokens``;
@@ -40,7 +48,10 @@ class EnvScheduler(MultiTurnScheduler):
         self,
         sampler: Any = None,
         *,
-        max_concurrent_envs: int = 64,
+        env: str | None = None,
+        env_kwargs: Mapping[str, Any] | str | None = None,
+        max_env_calls: int = 64,
+        max_concurrent_envs: int | None = None,
         env_timeout: float | None = 60.0,
         stop: list[str] | str | None = None,
         stop_on_truncation: bool = True,
@@ -49,17 +60,48 @@ class EnvScheduler(MultiTurnScheduler):
         super().__init__(sampler, **kwargs)
         self.stop = [stop] if isinstance(stop, str) else [str(s) for s in (stop or []) if s]
         self.stop_on_truncation = bool(stop_on_truncation)
-        self.max_concurrent_envs = max(1, int(max_concurrent_envs))
+        if max_concurrent_envs is not None:  # rlcore 0.1's name (it meant something else in OpenEnv)
+            warnings.warn("max_concurrent_envs is deprecated for env schedulers: use max_env_calls (env calls in "
+                          "flight at once)", FutureWarning, stacklevel=3)
+            max_env_calls = max_concurrent_envs
+        self.max_env_calls = max(1, int(max_env_calls))
         self.env_timeout = float(env_timeout) if env_timeout else None
         self._envs: dict[str, Any] = {}
         self._pending: dict[str, str] = {}
         self._env_sem: asyncio.Semaphore | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self.env = env
+        self.env_kwargs = json_object(env_kwargs, "env_kwargs")  # from the command line: a JSON string
+        if env:
+            self.env_factory(str(env))  # a typo in --env is a one-line error now, not a batch of failed trajectories
 
-    # --- what subclasses provide -----------------------------------------------------------------
+    @property
+    def max_concurrent_envs(self) -> int:
+        """rlcore 0.1's name of :attr:`max_env_calls` (read-only)."""
+        return self.max_env_calls
+
+    # --- what subclasses may override ----------------------------------------------------------------
+    def env_factory(self, name: str) -> tuple[Any, dict[str, Any]]:
+        """The factory of env ``name`` and the options its name implies: the registered env of that
+        name (this or any installed package's). Subclasses may resolve more names (gym_scheduler:
+        gymnasium ids). Raises :class:`UnknownComponentError` naming what is registered."""
+        from ..plugins import get
+
+        return get("env", name), {}
+
     def make_env(self, trajectory: Trajectory) -> Env:
-        """A fresh environment for ``trajectory`` (``trajectory.data_dict`` holds the row / env_config)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement make_env(trajectory)")
+        """A fresh environment for ``trajectory``: the env its row's ``env_config.name`` or the run's
+        ``env`` names, with options ``env_kwargs`` < the row's ``env_config`` keys < its
+        ``env_config.kwargs`` dict (``name``/``seed``/``kwargs`` themselves are not options)."""
+        config = row_env_config(trajectory)
+        name = config.get("name") or self.env
+        if not name:
+            raise ConfigError(
+                f"{self.name} needs an env: give the run --env NAME (`rlcore components env` lists them) "
+                "or each row an env_config with a name"
+            )
+        factory, implied = self.env_factory(str(name))
+        return build_env(str(name), factory, {**implied, **env_options(config, self.env_kwargs)})
 
     def parse_action(self, text: str) -> Any:
         """The action the model's reply ``text`` stands for (default: the text, stripped)."""
@@ -169,18 +211,18 @@ class EnvScheduler(MultiTurnScheduler):
 
     async def _env_call(self, what: str, fn: Any, *args: Any) -> Any:
         if self._env_sem is None:
-            self._env_sem = asyncio.Semaphore(self.max_concurrent_envs)
+            self._env_sem = asyncio.Semaphore(self.max_env_calls)
         async with self._env_sem:
             coro = self._in_thread_if_sync(fn, *args)
             return await (asyncio.wait_for(coro, self.env_timeout) if self.env_timeout else coro)
 
     async def _in_thread_if_sync(self, fn: Any, *args: Any) -> Any:
-        """Like ``asyncio.to_thread``, but on a pool as wide as ``max_concurrent_envs``: the default
+        """Like ``asyncio.to_thread``, but on a pool as wide as ``max_env_calls``: the default
         executor has ``cpu_count + 4`` threads, so 64 blocking 100 ms steps would run in waves."""
         if inspect.iscoroutinefunction(fn):
             return await fn(*args)
         if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(self.max_concurrent_envs, thread_name_prefix="rlcore-env")
+            self._executor = concurrent.futures.ThreadPoolExecutor(self.max_env_calls, thread_name_prefix="rlcore-env")
         ctx = contextvars.copy_context()
         result = await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(ctx.run, fn, *args))
         return await await_me_maybe(result)
@@ -216,3 +258,72 @@ def env_failure_reason(what: str, exc: BaseException, timeout: float | None, *, 
         lines = str(exc).strip().splitlines()
         return f"env {what} failed: {lines[0] if lines else type(exc).__name__}"
     return f"env {what} failed: {one_line(exc)}"
+
+
+# --- registered envs ---------------------------------------------------------------------------------
+#: env_config keys that pick the env and its episode, not constructor options
+_ROW_ONLY = ("name", "seed", "kwargs")
+
+
+def row_env_config(request: Any) -> dict[str, Any]:
+    """The row's ``env_config`` dict (empty when the row has none)."""
+    data = getattr(request, "data", None) or getattr(request, "data_dict", None) or {}
+    cfg = data.get("env_config") if isinstance(data, dict) else None
+    return dict(cfg) if isinstance(cfg, dict) else {}
+
+
+def env_options(config: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The constructor options for one trajectory's env: defaults < row keys < row ``kwargs``."""
+    options = dict(defaults or {})
+    options.update({k: v for k, v in config.items() if k not in _ROW_ONLY})
+    extra = config.get("kwargs")
+    if isinstance(extra, Mapping):
+        options.update(extra)
+    return options
+
+
+def registered_env(name: str) -> Any:
+    """The factory registered as env ``name``, or ``None``."""
+    from ..errors import UnknownComponentError
+    from ..plugins import get
+
+    try:
+        return get("env", name)
+    except UnknownComponentError:
+        return None
+
+
+def chosen_env(scheduler_factory: Any, options: Mapping[str, Any]) -> tuple[str, Any] | None:
+    """(name, factory) of the registered env a run's env scheduler is told to play (``env`` among
+    its options), so that env's own options can be routed to it; ``None`` otherwise."""
+    name = options.get("env")
+    if not (isinstance(name, str) and inspect.isclass(scheduler_factory) and issubclass(scheduler_factory, EnvScheduler)):
+        return None
+    factory = registered_env(name)
+    return None if factory is None else (name, factory)
+
+
+def build_env(name: str, factory: Any, options: Mapping[str, Any]) -> Env:
+    """``factory(**options)`` after checking the options (an unknown one is one line naming what the
+    env takes, not a TypeError); the instance is labelled ``name`` unless it names itself."""
+    _check_options(name, factory, options)
+    env = factory(**options)
+    if not getattr(env, "name", None) or getattr(env, "name", None) == "env":
+        env.name = name
+    return env
+
+
+def _check_options(name: str, factory: Any, options: Mapping[str, Any]) -> None:
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return
+    params = sig.parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return
+    allowed = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise ConfigError(
+            f"env {name!r} does not take option(s) {', '.join(unknown)}; it takes: {', '.join(sorted(allowed)) or 'none'}"
+        )

@@ -104,6 +104,25 @@ def factory_parameters(factory: Callable[..., Any]) -> dict[str, inspect.Paramet
     return params
 
 
+#: per kind, parameters that are wiring rather than options
+_WIRING: dict[str, set[str]] = {"advantage": {"config"}}
+
+
+def component_parameters(kind: str, factory: Callable[..., Any]) -> dict[str, inspect.Parameter]:
+    """The options a component of ``kind`` declares, the same rule for every kind: its factory's
+    keyword parameters — except a loss (a function whose parameters are its inputs), which declares
+    them as ``loss.options``, and a reward function, whose parameters are the columns it reads
+    (a ``Reward`` class declares options in ``__init__`` like any factory)."""
+    from ..protocols import declared_options
+
+    if kind == "loss":
+        return {name: inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default)
+                for name, default in declared_options(factory).items()}
+    if kind == "reward" and not inspect.isclass(factory):
+        return {}
+    return {k: v for k, v in factory_parameters(factory).items() if k not in _WIRING.get(kind, set())}
+
+
 _KWARGS_READ = re.compile(r"""\b(\w*kw\w*)\s*(?:\.get\(\s*|\.pop\(\s*|\[\s*)['"]([A-Za-z_]\w*)['"]""")
 
 
@@ -174,10 +193,11 @@ def resolve_options(
 ) -> dict[str, dict[str, Any]]:
     """Route each flag to every factory that declares it (converted to its type).
 
-    ``factories`` maps a label (``"scheduler 'gym_scheduler'"``) to a factory. Returns label →
+    ``factories`` maps a label (``"scheduler 'gym_scheduler'"``) to a factory, or to the parameters
+    it accepts (:func:`component_parameters`). Returns label →
     kwargs. Raises :class:`ConfigError` naming an option none of them accepts and what they accept.
     """
-    accepted = {label: factory_parameters(f) for label, f in factories.items()}
+    accepted = {label: dict(f) if isinstance(f, Mapping) else factory_parameters(f) for label, f in factories.items()}
     out: dict[str, dict[str, Any]] = {label: {} for label in factories}
     for key, value in flags.items():
         takers = [label for label, params in accepted.items() if key in params]
@@ -197,10 +217,12 @@ def plugin_options(args: Sequence[str], factories: dict[str, Callable[..., Any]]
     return resolve_options(parse_flags(args), factories)
 
 
-def describe_options(factory: Callable[..., Any]) -> list[str]:
-    """``--name (type, default X)`` lines for help output."""
+def describe_options(factory: Callable[..., Any], kind: str | None = None) -> list[str]:
+    """``--name (type, default X)`` lines for help output (``kind``: by that kind's rule,
+    :func:`component_parameters`)."""
     lines = []
-    for name, p in factory_parameters(factory).items():
+    params = component_parameters(kind, factory) if kind else factory_parameters(factory)
+    for name, p in params.items():
         kinds = ", ".join(sorted(t.__name__ for t in _types_of(p))) or "text"
         default = "" if p.default is inspect.Parameter.empty else f", default {p.default!r}"
         lines.append(f"--{name.replace('_', '-')} ({kinds}{default})")

@@ -18,3 +18,5 @@ def register_schedulers(register: Callable[..., None]) -> None:
              description="many turns; subclass and override step/check_finished (ms-swift style)")
     register("tool_scheduler", "rlcore.rollout.tools:ToolScheduler", aliases=("tool_call_scheduler",),
              description="runs <tool_call> JSON calls with registered tools until none remain or max_turns")
+    register("env_scheduler", "rlcore.rollout.env_scheduler:EnvScheduler",
+             description="one registered env per trajectory (--env NAME or env_config.name), multi-turn")

@@ -40,7 +40,10 @@ from typing import Any
 from ..errors import ConfigError, SamplerError
 from ..types import Completion, SamplingParams
 from .base import Sampler, WeightsLike
-from .vllm_support import LOGPROBS_MODES, MIN_VERSION, PROCESSED, RAW, SUPPORTED_RANGE, logprob_mismatch, parse_version
+from .vllm_support import (
+    LOGPROBS_MODES, MIN_VERSION, PROCESSED, RAW, SUPPORTED_RANGE, SleepState, SleepStateMixin, logprob_mismatch,
+    parse_version,
+)
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +119,7 @@ def choice_to_completion(choice: dict[str, Any], tokenizer: Any = None, meta: di
     return Completion(token_ids=ids, logprobs=logprobs, finish_reason=finish, text=choice.get("text") or "", meta=m)
 
 
-class OpenAISampler(Sampler):
+class OpenAISampler(SleepStateMixin, Sampler):
     """Talks to ``base_url`` (``http://host:port``, with or without ``/v1``).
 
     Args:
@@ -185,9 +188,7 @@ class OpenAISampler(Sampler):
         self.server_version: tuple[int, int, int] | None = None
         self._probed = False
         self._warned: set[str] = set()
-        self._asleep: set[str] = set()
-        self.sleep_level = 0
-        self._weights_discarded = False
+        self._sleep = SleepState()
         self.in_flight = 0
         self.max_response_bytes = int(max_response_bytes)
         self._clients: dict[Any, Any] = {}  # event loop -> AsyncClient (a client is bound to its loop)
@@ -340,11 +341,11 @@ class OpenAISampler(Sampler):
                 )
 
     def _check_awake(self) -> None:
-        if self._asleep:
+        if self._sleep:
             raise SamplerError(
                 f"openai sampler: the server was put to sleep (sleep(level={self.sleep_level})); call wake_up() before generating"
             )
-        if self._weights_discarded:
+        if self._sleep.weights_discarded:
             raise SamplerError(
                 "openai sampler: sleep(level=2) discarded the server's weights; call update_weights(full state dict) first"
             )
@@ -397,9 +398,9 @@ class OpenAISampler(Sampler):
             raise SamplerError(
                 "openai sampler syncs full weights only; merge LoRA adapters (model.merge_and_unload()) before syncing"
             )
-        if "weights" in self._asleep:
+        if "weights" in self._sleep.parts:
             self._control("/wake_up", params={"tags": "weights"})
-            self._asleep.discard("weights")
+            self._sleep.parts.discard("weights")
         if self.sync_dir is None:
             self.sync_dir = default_sync_dir()
 
@@ -410,7 +411,7 @@ class OpenAISampler(Sampler):
         sync_in_buckets(weights, directory=self.sync_dir, bucket_bytes=self.bucket_bytes, load=load,
                         who="openai sampler", hint="is the server started with "
                         "--worker-extension-cls rlcore.sampling.vllm_worker.WeightSyncExtension?")
-        self._weights_discarded = False
+        self._sleep.weights_discarded = False
         self.reset_prefix_cache()
         self._advance_version(version)
 
@@ -439,7 +440,7 @@ class OpenAISampler(Sampler):
         """``POST /sleep?level=…&mode=wait``: vLLM >= 0.17 aborts running requests by default."""
         if level not in (1, 2):
             raise SamplerError(f"openai sampler: sleep level must be 1 or 2, got {level}")
-        if self._asleep:
+        if self._sleep:
             return
         version = self._server_version_sync()
         if self.in_flight and version is not None and version < (0, 17, 0):
@@ -448,22 +449,14 @@ class OpenAISampler(Sampler):
                 "cannot wait for them before sleeping (mode=wait needs 0.17): await them first"
             )
         self._control("/sleep", params={"level": level, "mode": "wait"})
-        self._asleep = {"weights", "kv_cache"}
-        self.sleep_level = level
-        if level == 2:
-            self._weights_discarded = True
+        self._sleep.fell_asleep(level)
 
     def wake_up(self) -> None:
-        if not self._asleep:
+        if not self._sleep:
             return
-        params = {"tags": sorted(self._asleep)} if self._asleep != {"weights", "kv_cache"} else None
-        self._control("/wake_up", params=params)
-        self._asleep.clear()
-        self.sleep_level = 0
-
-    @property
-    def is_sleeping(self) -> bool:
-        return bool(self._asleep)
+        tags = self._sleep.wake_tags()
+        self._control("/wake_up", params=None if tags is None else {"tags": tags})
+        self._sleep.woke()
 
     async def close(self) -> None:
         clients, self._clients = self._clients, {}

@@ -41,7 +41,10 @@ from ..errors import MissingDependencyError, SamplerError
 from ..types import Completion, SamplingParams
 from .base import Sampler, WeightsLike
 from .batcher import MicroBatcher
-from .vllm_support import MAX_VERSION_EXCLUSIVE, MIN_VERSION, PROCESSED, RAW, SUPPORTED_RANGE, logprob_mismatch, parse_version
+from .vllm_support import (
+    MAX_VERSION_EXCLUSIVE, MIN_VERSION, PROCESSED, RAW, SUPPORTED_RANGE, SleepState, SleepStateMixin, logprob_mismatch,
+    parse_version,
+)
 from .weights import DEFAULT_BUCKET_BYTES, RPC_LOAD_FROM_PATH, default_sync_dir, sync_in_buckets
 
 log = logging.getLogger(__name__)
@@ -167,7 +170,7 @@ def _import_vllm() -> Any:
     return vllm
 
 
-class VLLMSampler(Sampler):
+class VLLMSampler(SleepStateMixin, Sampler):
     """Generation with an in-process ``vllm.LLM``.
 
     Args:
@@ -239,9 +242,7 @@ class VLLMSampler(Sampler):
         self._lock = threading.RLock()
         self._closed = False
         # sleep state: what is offloaded/discarded right now (vLLM's sleep tags: "weights", "kv_cache")
-        self.sleep_level = 0
-        self._asleep: set[str] = set()
-        self._weights_discarded = False
+        self._sleep = SleepState()
         self._batcher: MicroBatcher[_Request] = MicroBatcher(
             self._run_batch, window_s=batch_window_ms / 1000.0, max_batch_size=max_batch_size, name="vllm sampler"
         )
@@ -253,11 +254,11 @@ class VLLMSampler(Sampler):
     def _check_awake(self) -> None:
         if self._closed:
             raise SamplerError("vllm sampler is closed; create a new sampler")
-        if self._asleep:
+        if self._sleep:
             raise SamplerError(
                 f"vllm sampler is asleep (sleep(level={self.sleep_level})); call wake_up() before generating"
             )
-        if self._weights_discarded:
+        if self._sleep.weights_discarded:
             raise SamplerError(
                 "vllm sampler: sleep(level=2) discarded the weights; call update_weights(full state dict) before generating"
             )
@@ -326,15 +327,15 @@ class VLLMSampler(Sampler):
         with self._lock:
             if self._closed:
                 raise SamplerError("vllm sampler is closed; create a new sampler")
-            if "weights" in self._asleep:
+            if "weights" in self._sleep.parts:
                 self._call("wake_up", tags=["weights"])
-                self._asleep.discard("weights")
+                self._sleep.parts.discard("weights")
             if self.sync_dir is None:
                 self.sync_dir = default_sync_dir()
             sync_in_buckets(weights, directory=self.sync_dir, bucket_bytes=self.bucket_bytes,
                             load=lambda path: self._call("collective_rpc", RPC_LOAD_FROM_PATH, args=(path,)),
                             who="vllm sampler", hint=f"is worker_extension_cls={WORKER_EXTENSION}?")
-            self._weights_discarded = False
+            self._sleep.weights_discarded = False
             self._reset_prefix_cache_locked()
             self._advance_version(version)
 
@@ -372,28 +373,21 @@ class VLLMSampler(Sampler):
         if not self.enable_sleep_mode:
             raise SamplerError("vllm sampler: sleep() needs enable_sleep_mode=True")
         with self._lock:
-            if self._asleep:
+            if self._sleep:
                 return
             self._call("sleep", level=level)
-            self.sleep_level = level
-            self._asleep = {"weights", "kv_cache"}
-            if level == 2:
-                self._weights_discarded = True
+            self._sleep.fell_asleep(level)
 
     def wake_up(self) -> None:
         with self._lock:
-            if not self._asleep:
+            if not self._sleep:
                 return
-            if self._asleep == {"weights", "kv_cache"}:
+            tags = self._sleep.wake_tags()
+            if tags is None:
                 self._call("wake_up")
             else:  # update_weights already woke the weights
-                self._call("wake_up", tags=sorted(self._asleep))
-            self._asleep.clear()
-            self.sleep_level = 0
-
-    @property
-    def is_sleeping(self) -> bool:
-        return bool(self._asleep)
+                self._call("wake_up", tags=tags)
+            self._sleep.woke()
 
     async def close(self) -> None:
         """Finish the running batch, fail queued requests, shut the engine down (off the event loop)."""

@@ -111,3 +111,47 @@ def logprob_mismatch(params: SamplingParams, mode: str | None, version: tuple[in
             f"(fixed in 0.11); upgrade vLLM, or sample greedily with logprobs_mode={RAW}"
         )
     return None
+
+
+class SleepState:
+    """Which parts of a vLLM engine sleep (vLLM's tags ``weights``, ``kv_cache``), at which level,
+    and whether level 2 discarded the weights: the bookkeeping both vLLM-backed samplers share (the
+    in-process ``vllm`` one and ``openai`` against a server), so they refuse, wake and resync alike."""
+
+    ALL = frozenset({"weights", "kv_cache"})
+
+    def __init__(self) -> None:
+        self.parts: set[str] = set()
+        self.level = 0
+        self.weights_discarded = False
+
+    def __bool__(self) -> bool:
+        return bool(self.parts)
+
+    def fell_asleep(self, level: int) -> None:
+        self.parts, self.level = set(self.ALL), level
+        if level == 2:
+            self.weights_discarded = True
+
+    def wake_tags(self) -> list[str] | None:
+        """What to wake: ``None`` when everything sleeps (wake it all), else the parts still asleep
+        (``update_weights`` already woke the weights)."""
+        return None if self.parts == self.ALL else sorted(self.parts)
+
+    def woke(self) -> None:
+        self.parts.clear()
+        self.level = 0
+
+
+class SleepStateMixin:
+    """``is_sleeping`` and ``sleep_level`` read off a sampler's :class:`SleepState` (``self._sleep``)."""
+
+    _sleep: SleepState
+
+    @property
+    def is_sleeping(self) -> bool:
+        return bool(self._sleep)
+
+    @property
+    def sleep_level(self) -> int:
+        return self._sleep.level

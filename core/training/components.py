@@ -215,5 +215,6 @@ def _registered(name: str) -> bool:
 
 
 def make_advantage(args: GRPOConfig) -> Any:
+    """The advantage estimator, built with the run's config and its ``advantage_options``."""
     factory: Callable[..., Any] = get_component("advantage", args.advantage)
-    return factory(config=args)
+    return factory(config=args, **(getattr(args, "advantage_options", None) or {}))

@@ -9,6 +9,7 @@ loaded, so a typo costs a second, not a model load.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import warnings
@@ -23,7 +24,9 @@ from .trl_fields import check_refused
 
 SCALE_REWARDS = ("group", "batch", "none")
 IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-_DICT_FIELDS = ("scheduler_options", "sampler_options", "env_options", "reward_options")
+_DICT_FIELDS = ("scheduler_options", "sampler_options", "env_options", "reward_options", "loss_options", "advantage_options")
+#: rlcore 0.1 fields now declared by the component that reads them: old field -> (advantage, option)
+_MOVED_TO_ADVANTAGE = {"gigpo_gamma": ("gigpo", "gamma"), "gigpo_step_weight": ("gigpo", "step_weight")}
 
 
 @dataclass
@@ -71,12 +74,14 @@ class GRPOConfig(TrainingArguments):
     scale_rewards: str = field(default="group", metadata={"help": "Advantage scaling: group, batch or none (True = group, False = none, as in TRL)."})
     reward_weights: list[float] | None = field(default=None, metadata={"help": "One weight per reward (default 1 each)."})
     mask_truncated_completions: bool = field(default=False, metadata={"help": "Leave length-truncated trajectories out of the loss."})
-    sapo_temperature_pos: float = field(default=1.0, metadata={"help": "SAPO gate temperature for positive advantages."})
-    sapo_temperature_neg: float = field(default=1.05, metadata={"help": "SAPO gate temperature for negative advantages."})
-    vespo_k_pos: float = field(default=2.0, metadata={"help": "VESPO gamma shape k for non-negative advantages."})
-    vespo_lambda_pos: float = field(default=3.0, metadata={"help": "VESPO gamma rate λ for non-negative advantages."})
-    vespo_k_neg: float = field(default=3.0, metadata={"help": "VESPO gamma shape k for negative advantages."})
-    vespo_lambda_neg: float = field(default=2.0, metadata={"help": "VESPO gamma rate λ for negative advantages."})
+    # TRL's names for the sapo / vespo losses' own options (declared by those losses): kept as fields so
+    # a TRL config carries over; each reaches its loss's options unless loss_options sets it
+    sapo_temperature_pos: float = field(default=1.0, metadata={"help": "SAPO gate temperature for positive advantages (the sapo loss's option; TRL's field)."})
+    sapo_temperature_neg: float = field(default=1.05, metadata={"help": "SAPO gate temperature for negative advantages (the sapo loss's option; TRL's field)."})
+    vespo_k_pos: float = field(default=2.0, metadata={"help": "VESPO gamma shape k for non-negative advantages (the vespo loss's option; TRL's field)."})
+    vespo_lambda_pos: float = field(default=3.0, metadata={"help": "VESPO gamma rate λ for non-negative advantages (the vespo loss's option; TRL's field)."})
+    vespo_k_neg: float = field(default=3.0, metadata={"help": "VESPO gamma shape k for negative advantages (the vespo loss's option; TRL's field)."})
+    vespo_lambda_neg: float = field(default=2.0, metadata={"help": "VESPO gamma rate λ for negative advantages (the vespo loss's option; TRL's field)."})
     use_bias_correction_kl: bool = field(default=True, metadata={"help": "Multiply the KL term by the importance ratio (TRL's default)."})
     top_entropy_quantile: float = field(default=1.0, metadata={"help": "Train only on the tokens in this top quantile of entropy (1.0: all)."})
     entropy_coef: float = field(default=0.0, metadata={"help": "Not supported (entropy bonus)."})
@@ -98,10 +103,12 @@ class GRPOConfig(TrainingArguments):
     env_options: dict | str | None = field(default=None, metadata={"help": "JSON dict of environment options (passed to the scheduler)."})
     sampler_options: dict | str | None = field(default=None, metadata={"help": "JSON dict of sampler options (e.g. vLLM's gpu_memory_utilization)."})
     reward_options: dict | str | None = field(default=None, metadata={"help": "JSON dict: reward name -> options for Reward classes."})
+    loss_options: dict | str | None = field(default=None, metadata={"help": "JSON dict of the loss's own options (what it declares, e.g. sapo_temperature_pos for sapo)."})
+    advantage_options: dict | str | None = field(default=None, metadata={"help": "JSON dict of the advantage estimator's options (e.g. gigpo: gamma, step_weight)."})
     rollout_concurrency: int = field(default=64, metadata={"help": "Trajectories in flight at once."})
     rollout_timeout: float | None = field(default=None, metadata={"help": "Seconds before a trajectory fails as timed out."})
-    gigpo_gamma: float = field(default=0.95, metadata={"help": "GiGPO discount of per-turn rewards."})
-    gigpo_step_weight: float = field(default=1.0, metadata={"help": "GiGPO weight of the step-level advantage."})
+    gigpo_gamma: float | None = field(default=None, metadata={"help": "Deprecated: advantage_options={'gamma': …} (GiGPO's discount of per-turn rewards, default 0.95)."})
+    gigpo_step_weight: float | None = field(default=None, metadata={"help": "Deprecated: advantage_options={'step_weight': …} (GiGPO's step-level weight, default 1.0)."})
     logprob_chunk_size: int = field(default=1024, metadata={"help": "Positions per lm_head chunk when computing logprobs."})
     overwrite_output_dir: bool = field(default=False, metadata={"help": "A fresh run may replace the run already in output_dir (its checkpoints, metrics, plots are deleted)."})
     failure_threshold: float = field(default=0.5, metadata={"help": "Stop the run when more than this share of trajectories fails for failure_patience generation steps in a row (1 disables)."})
@@ -173,6 +180,7 @@ class GRPOConfig(TrainingArguments):
                 raise ConfigError(f"{name} must be a JSON object, got {type(value).__name__}")
             setattr(self, name, value)
         check_refused(self)
+        self._move_component_fields()
         if self.chat_template_kwargs:
             from ..chat_template import check_chat_template_kwargs
 
@@ -219,6 +227,18 @@ class GRPOConfig(TrainingArguments):
                     f" must be a multiple of the eval group size {n_eval} (num_generations_eval or num_generations)"
                 )
         check_values(self)
+
+    def _move_component_fields(self) -> None:
+        """rlcore 0.1's ``gigpo_*`` fields → the gigpo estimator's ``advantage_options`` (with a
+        warning); an explicit ``advantage_options`` value wins."""
+        for old, (advantage, option) in _MOVED_TO_ADVANTAGE.items():
+            value = getattr(self, old)
+            if value is None:
+                continue
+            warnings.warn(f"{old} is deprecated: use advantage_options={{{option!r}: {value!r}}} (the {advantage} "
+                          "estimator declares it)", FutureWarning, stacklevel=4)
+            if self.advantage == advantage:
+                self.advantage_options.setdefault(option, value)
 
     def _map_vllm(self) -> None:
         """TRL's ``use_vllm``/``vllm_*`` options onto rlcore's samplers: colocate → the in-process
@@ -321,8 +341,31 @@ def validate_components(cfg: GRPOConfig, extra_rewards: int = 0, environment_rew
     names = list(cfg.reward_funcs or [])
     for name in names:
         p.get("reward", name)
+    check_component_options(cfg)
     n = len(names) + extra_rewards
     if n + environment_rewards == 0:
         raise ConfigError("no reward: pass --reward NAME (see `rlcore components reward`) or reward_funcs=")
     if cfg.reward_weights is not None and len(cfg.reward_weights) != n:
         raise ConfigError(f"reward_weights has {len(cfg.reward_weights)} values for {n} rewards; give one per reward")
+
+
+def check_component_options(cfg: GRPOConfig) -> None:
+    """Every key of ``loss_options`` / ``advantage_options`` / ``reward_options[NAME]`` is an option
+    the chosen component declares: a typo is one line naming what it does accept."""
+    from ..plugins import get
+    from ..rollout.options import component_parameters
+
+    checks = [("loss", cfg.effective_loss_type, cfg.loss_options, "loss_options"),
+              ("advantage", cfg.advantage, cfg.advantage_options, "advantage_options")]
+    for name, opts in (cfg.reward_options or {}).items():
+        if name in (cfg.reward_funcs or []) and isinstance(opts, dict):  # options reach Reward classes only
+            checks.append(("reward", name, opts, f"reward_options[{name!r}]"))
+    for kind, name, opts, field_name in checks:
+        factory = get(kind, name)
+        if not opts or (kind == "reward" and not inspect.isclass(factory)):
+            continue
+        accepted = component_parameters(kind, factory)
+        unknown = sorted(set(opts) - set(accepted))
+        if unknown:
+            raise ConfigError(f"{field_name} has {', '.join(unknown)}, which {kind} {name!r} does not declare; "
+                              f"it accepts: {', '.join(sorted(accepted)) or 'nothing'}")

@@ -1,31 +1,22 @@
 """Turn an env name plus options into a live :class:`rlcore.envs.Env`.
 
 A name is looked up among registered envs first (this package's, any third-party package's), then
-as a gymnasium id, so ``--env FrozenLake-v1`` works without naming the adapter. Options come from
-the scheduler (``env_kwargs``) and are overridden per row by ``env_config`` (everything except
-``name`` and ``seed``, plus the keys of an optional ``env_config.kwargs`` dict).
+as a gymnasium id, so ``--env FrozenLake-v1`` works without naming the adapter. The registry lookup,
+the options (``env_kwargs`` overridden per row by ``env_config``) and their check are rlcore's
+(:mod:`rlcore.rollout.env_scheduler`): every env scheduler resolves registered envs the same way;
+this module only adds the gymnasium-id fallback.
 """
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Mapping
 
 import rlcore
 from rlcore.envs import Env
-from rlcore.errors import ConfigError, UnknownComponentError
+from rlcore.errors import UnknownComponentError
+from rlcore.rollout.env_scheduler import build_env, env_options
 
-_ROW_ONLY = ("name", "seed", "kwargs")
-
-
-def env_options(config: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The constructor options for one trajectory's env: defaults < row keys < row ``kwargs``."""
-    options = dict(defaults or {})
-    options.update({k: v for k, v in config.items() if k not in _ROW_ONLY})
-    extra = config.get("kwargs")
-    if isinstance(extra, Mapping):
-        options.update(extra)
-    return options
+__all__ = ["env_factory", "env_options", "make_env"]
 
 
 def env_factory(name: str) -> tuple[Any, dict[str, Any]]:
@@ -45,26 +36,4 @@ def env_factory(name: str) -> tuple[Any, dict[str, Any]]:
 def make_env(name: str, options: Mapping[str, Any] | None = None) -> Env:
     """A new env instance for ``name`` (registered name or gymnasium id)."""
     factory, implied = env_factory(name)
-    options = {**implied, **dict(options or {})}
-    _check_options(name, factory, options)
-    env = factory(**options)
-    if not getattr(env, "name", None) or getattr(env, "name", None) == "env":
-        env.name = name
-    return env
-
-
-def _check_options(name: str, factory: Any, options: Mapping[str, Any]) -> None:
-    """Unknown options are a config mistake worth one clear line, not a TypeError traceback."""
-    try:
-        sig = inspect.signature(factory)
-    except (TypeError, ValueError):
-        return
-    params = sig.parameters.values()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return
-    allowed = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    unknown = sorted(set(options) - allowed)
-    if unknown:
-        raise ConfigError(
-            f"env {name!r} does not take option(s) {', '.join(unknown)}; it takes: {', '.join(sorted(allowed)) or 'none'}"
-        )
+    return build_env(name, factory, {**implied, **dict(options or {})})

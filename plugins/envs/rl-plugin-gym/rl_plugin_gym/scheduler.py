@@ -9,40 +9,22 @@ the row's ``env_config.name`` if present, else the run's ``--env``, with options
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
-from rlcore.envs import Env
-from rlcore.errors import ConfigError
 from rlcore.rollout import EnvScheduler
-from rlcore.rollout.options import json_object
 
-from .resolve import env_factory, env_options, make_env
-from .seeding import env_config
+from .resolve import env_factory
 
 
 class GymScheduler(EnvScheduler):
-    """One env per trajectory, chosen per row or by ``env``.
+    """One env per trajectory, chosen per row or by ``env``: rlcore's :class:`EnvScheduler`, which
+    resolves registered envs (this package's and any other's), plus gymnasium ids as env names.
 
-    Options (besides EnvScheduler's ``max_turns``, ``max_concurrent_envs``, ``env_timeout``):
-    ``env`` — the env name or gymnasium id for rows without ``env_config.name``;
-    ``env_kwargs`` — default constructor options for every env of the run.
+    Options (besides EnvScheduler's ``env``, ``env_kwargs``, ``max_turns``, ``max_env_calls``,
+    ``env_timeout``): none of its own — ``env`` may also be a gymnasium id (``FrozenLake-v1``).
     """
 
     name = "gym_scheduler"
-
-    def __init__(
-        self,
-        sampler: Any = None,
-        *,
-        env: str | None = None,
-        env_kwargs: Mapping[str, Any] | str | None = None,
-        **options: Any,
-    ) -> None:
-        super().__init__(sampler, **options)
-        self.env = env
-        self.env_kwargs = json_object(env_kwargs, "env_kwargs")  # from the command line: a JSON string
-        if env:
-            env_factory(env)  # a typo in --env is a one-line error now, not a batch of failed trajectories
 
     @staticmethod
     def default_task() -> Any:
@@ -51,15 +33,9 @@ class GymScheduler(EnvScheduler):
 
         return gym_task()
 
-    def make_env(self, trajectory: Any) -> Env:
-        config = env_config(trajectory)
-        name = config.get("name") or self.env
-        if not name:
-            raise ConfigError(
-                "gym_scheduler needs an env: give the run --env NAME (e.g. guess_number, FrozenLake-v1) "
-                "or each row an env_config with a name"
-            )
-        return make_env(str(name), env_options(config, self.env_kwargs))
+    def env_factory(self, name: str) -> tuple[Any, dict[str, Any]]:
+        """A registered env, else a gymnasium id (through :class:`~rl_plugin_gym.gymnasium_env.GymnasiumEnv`)."""
+        return env_factory(name)
 
     async def on_turn_end(self, infer_request: Any, response_choice: Any, current_turn: int) -> dict[str, Any] | None:
         """EnvScheduler's step, plus a per-turn trace (action, reward, invalid?) and the running

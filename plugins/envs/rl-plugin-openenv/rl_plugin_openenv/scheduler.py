@@ -6,7 +6,7 @@ What this subclass adds:
 
 * per-row ``env_config`` merged over the scheduler's defaults (``env_url`` / ``--env-url``,
   ``system_message``, ``reset_kwargs``, client timeouts) — see :mod:`rl_plugin_openenv.env`;
-* a session cap per server with queueing (``max_concurrent_envs``; default: what the server's
+* a session cap per server with queueing (``sessions_per_server``; default: what the server's
   ``/capacity`` says, else 8, lowered to the ``max_sessions`` a ``CAPACITY_REACHED`` reports).
   Sessions open in ``run`` (not in the batch-wide ``on_trajectory_start``) so a trajectory waits
   for a slot, then holds it until it ends: never a burst beyond the cap, never a deadlock;
@@ -22,6 +22,7 @@ action and observation format (docs/plugins/openenv.md shows how).
 from __future__ import annotations
 
 import asyncio
+import warnings
 from typing import Any
 
 from rlcore.errors import ConfigError
@@ -40,7 +41,9 @@ class OpenEnvScheduler(EnvScheduler):
     """Rollouts against OpenEnv servers over the WebSocket session endpoint.
 
     Options (also command-line flags, e.g. ``--env-url``): ``env_url``, ``system_message``,
-    ``reset_kwargs`` (dict), ``max_concurrent_envs`` (sessions per server; None = ask the server),
+    ``reset_kwargs`` (dict), ``sessions_per_server`` (sessions this scheduler opens per server at
+    once; None = ask the server; rlcore 0.1 called it ``max_concurrent_envs``, still accepted with a
+    warning — that is the OpenEnv *server's* cap, ``rlcore openenv serve --max-concurrent-envs``),
     ``call_timeout`` / ``connect_timeout`` (seconds per call / per connect), ``max_retries``
     (extra attempts to open a session), ``invalid_action`` ("observe" or "fail"),
     ``allowed_env_urls`` (comma-separated servers a row's ``env_config.base_url`` may name besides
@@ -59,6 +62,7 @@ class OpenEnvScheduler(EnvScheduler):
         env_url: str | None = None,
         system_message: str | None = None,
         reset_kwargs: dict[str, Any] | None = None,
+        sessions_per_server: int | None = None,
         max_concurrent_envs: int | None = None,
         call_timeout: float = 30.0,
         connect_timeout: float = 10.0,
@@ -69,12 +73,18 @@ class OpenEnvScheduler(EnvScheduler):
         allow_any_env_url: bool = False,
         **kwargs: Any,
     ) -> None:
-        super().__init__(sampler, max_concurrent_envs=max_concurrent_envs or 1024, env_timeout=env_timeout, **kwargs)
+        given = "sessions_per_server"
+        if max_concurrent_envs is not None:  # rlcore 0.1's name here: sessions per server
+            warnings.warn("openenv_scheduler: max_concurrent_envs is deprecated, use sessions_per_server (sessions "
+                          "opened per server at once)", FutureWarning, stacklevel=3)
+            sessions_per_server, given = max_concurrent_envs, "max_concurrent_envs"
+        kwargs.setdefault("max_env_calls", sessions_per_server or 1024)  # the session cap is what bounds env calls
+        super().__init__(sampler, env_timeout=env_timeout, **kwargs)
         if invalid_action not in INVALID_ACTION_MODES:
             raise ConfigError(f"invalid_action must be one of {INVALID_ACTION_MODES}, got {invalid_action!r}")
-        if max_concurrent_envs is not None and int(max_concurrent_envs) < 1:
-            raise ConfigError(f"max_concurrent_envs must be >= 1, got {max_concurrent_envs}")
-        self.max_sessions = int(max_concurrent_envs) if max_concurrent_envs else None
+        if sessions_per_server is not None and int(sessions_per_server) < 1:
+            raise ConfigError(f"{given} (sessions per server) must be >= 1, got {sessions_per_server}")
+        self.sessions_per_server = int(sessions_per_server) if sessions_per_server else None
         self.invalid_action = invalid_action
         self.defaults: dict[str, Any] = {
             "base_url": env_url,
@@ -147,7 +157,7 @@ class OpenEnvScheduler(EnvScheduler):
 
     async def _size_limiter(self, key: str) -> SessionLimiter:
         try:
-            size = self.max_sessions or await server_capacity(key) or DEFAULT_SESSIONS
+            size = self.sessions_per_server or await server_capacity(key) or DEFAULT_SESSIONS
             return self._limiters.setdefault(key, SessionLimiter(size))
         finally:
             self._sizing.pop(key, None)

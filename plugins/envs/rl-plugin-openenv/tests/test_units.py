@@ -99,8 +99,20 @@ def test_invalid_options_are_one_line():
     factory = rlcore.get("scheduler", "openenv_scheduler")
     with pytest.raises(ConfigError, match="invalid_action"):
         factory(invalid_action="ignore")
-    with pytest.raises(ConfigError, match="max_concurrent_envs"):
+    with pytest.raises(ConfigError, match="max_concurrent_envs"), pytest.warns(FutureWarning):
         factory(max_concurrent_envs=0)
+    with pytest.raises(ConfigError, match="sessions_per_server"):
+        factory(sessions_per_server=0)
+
+
+def test_sessions_per_server_is_the_schedulers_name_and_the_old_one_still_works():
+    factory = rlcore.get("scheduler", "openenv_scheduler")
+    sched = factory(env_url="http://127.0.0.1:9", sessions_per_server=3)
+    assert sched.sessions_per_server == 3 and sched.max_env_calls == 3  # the session cap bounds env calls
+    with pytest.warns(FutureWarning, match="max_concurrent_envs is deprecated, use sessions_per_server"):
+        old = factory(env_url="http://127.0.0.1:9", max_concurrent_envs=5)
+    assert old.sessions_per_server == 5
+    assert factory(env_url="http://127.0.0.1:9").sessions_per_server is None  # ask the server
 
 
 def test_openenv_commands_registered_on_rlcore_cli():

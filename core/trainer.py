@@ -33,17 +33,18 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from .plugins import get as get_component
 from .algorithms.advantages import AdvantageStats, group_indices
-from .algorithms.logprobs import completion_logprobs
 from .algorithms.losses import LossConfig
 from .asyncutil import run_sync
 from .errors import ConfigError, RewardFunctionError
 from .plugins import RunHooks
 from .rewards import RewardContext, compute_rewards
 from .chat_template import set_chat_template_kwargs
+from .loop.loss import advantage_list, batch_logprobs, batch_loss, high_entropy_mask, pack
+from .loop.rollout import rollout_batch
+from .loop.sync import sync_weights as sync_policy_weights
 from .training import checkpoint as ckpt
 from .training.components import (
     apply_peft,
-    export_weights,
     load_model,
     load_tokenizer,
     make_advantage,
@@ -52,7 +53,6 @@ from .training.components import (
     make_scheduler,
     reference_model,
     sampling_params,
-    shares_module,
 )
 from .training.agents import environment_reward_types, environment_rewards, placeholder_rows, trl_agent_options
 from .training.config import GRPOConfig, check_values, validate_components
@@ -63,19 +63,9 @@ from .training.plots import write_plots
 from .training.progress import RichProgressCallback
 from .types import Batch, Trajectory
 
-__all__ = ["GRPOConfig", "GRPOTrainer"]
+__all__ = ["GRPOConfig", "GRPOTrainer", "high_entropy_mask"]
 
 logger = logging.getLogger(__name__)
-
-
-def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
-    """1 where a token's entropy is at least the ``quantile`` of the active tokens' entropies
-    (TRL 1.16 ``get_high_entropy_mask``, per process)."""
-    active = entropy[mask.bool()].float()
-    if active.numel() == 0:
-        return torch.zeros_like(mask)
-    threshold = torch.quantile(active, quantile)
-    return ((entropy >= threshold) & mask.bool()).to(mask.dtype)
 
 
 def _is_tokenizer(obj: Any) -> bool:
@@ -272,50 +262,34 @@ class GRPOTrainer(Trainer):
                             self.args.max_prompt_length, self.system_prompt) for i in idx]
 
     def sync_weights(self) -> None:
-        """Make the sampler generate with the current policy."""
-        if shares_module(self.sampler, self.model):
-            self.sampler.policy_version = int(self.state.global_step)
-            return
-        weights = export_weights(self.accelerator.unwrap_model(self.model))
-        self.sampler.update_weights(weights)
-        if hasattr(self.sampler, "reset_prefix_cache"):
-            self.sampler.reset_prefix_cache()
+        """Make the sampler generate with the current policy (:func:`rlcore.loop.sync_weights`: a
+        colocated ``hf`` sampler shares the module and only takes the step as its version)."""
+        sync_policy_weights(self.accelerator.unwrap_model(self.model), self.sampler, version=int(self.state.global_step))
 
     def rollout(self, prompts: Sequence[Any], num_generations: int | None = None) -> list[Trajectory]:
+        """Roll out ``prompts`` through the scheduler (the module in eval mode) and hold the batch to
+        the rollout invariants; a violation fails that trajectory and is counted."""
         was_training = self.model.training
         self.model.eval()
         try:
-            # the batch check below runs the same invariants once, batch-wide
-            trajs = self._run_rollouts(prompts, num_generations, check=False)
+            return self._run_rollouts(prompts, num_generations)
         finally:
             self.model.train(was_training)
-        self._check_batch(trajs)
-        return trajs
 
-    def _run_rollouts(self, prompts: Sequence[Any], num_generations: int | None = None, *, check: bool = False) -> list[Trajectory]:
+    def _run_rollouts(self, prompts: Sequence[Any], num_generations: int | None = None, *, check: bool = True) -> list[Trajectory]:
         """One batch through the run's scheduler with the run's sampling, concurrency, timeout and
-        observers; no module mode change (the Ray trainer's background prefetch calls it too)."""
-        from .rollout.driver import run_rollouts
-
-        result = run_sync(run_rollouts(
+        observers (:func:`rlcore.loop.rollout_batch`, the loop API's rollout step), checked batch-wide
+        once; no change of this trainer's module mode (the Ray trainer's background prefetch calls it
+        too). ``check`` is kept for callers; the batch check always runs."""
+        result = rollout_batch(
             self.scheduler_obj, list(prompts), num_generations=num_generations or self.args.num_generations,
-            sampling_params=sampling_params(self.args), components=(), observers=tuple(self.args.observers or ()),
-            concurrency=self.args.rollout_concurrency, progress=False, timeout=self.args.rollout_timeout, check=check,
-        ))
+            sampling_params=sampling_params(self.args), observers=tuple(self.args.observers or ()),
+            concurrency=self.args.rollout_concurrency, timeout=self.args.rollout_timeout,
+            tokenizer=self.processing_class,
+        )
+        self._invariant_failures = int(result.stats["invariant_violations"])
+        self._invariant_check_s = float(result.stats["invariant_check_s"])
         return result.trajectories
-
-    def _check_batch(self, trajs: list[Trajectory]) -> None:
-        """The rollout invariants on every batch (tokens vs conversation, prompt, logprobs, status,
-        unique uuids); a violation fails that trajectory (it does not train) and is counted."""
-        from .rollout.driver import template_tools
-        from .rollout.invariants import check_batch, fail_violations
-        from .rollout.scheduler import scheduler_label
-
-        t0 = time.perf_counter()
-        tok = getattr(self.scheduler_obj, "tokenizer", None) or self.processing_class
-        violations = check_batch(trajs, tok, tools=template_tools(self.scheduler_obj))
-        self._invariant_failures = fail_violations(trajs, violations, scheduler_label(self.scheduler_obj))
-        self._invariant_check_s = time.perf_counter() - t0
 
     def _score(self, trajs: list[Trajectory]) -> tuple[Any, dict[str, list[float | None]], AdvantageStats]:
         context = RewardContext(trainer_state=self.state, log_metric=self._log_reward_metric, log_extra=self._log_reward_extra,
@@ -384,15 +358,10 @@ class GRPOTrainer(Trainer):
         trajs = self.rollout(prompts)
         t_rollout = time.perf_counter() - t0
         adv, columns, stats = self._score(trajs)
-        if isinstance(adv, torch.Tensor):
-            adv_list: list[Any] = adv.detach().float().cpu().tolist()
-        else:
-            adv_list = [list(a) if isinstance(a, (list, tuple)) else float(a) for a in adv]
-        batch = Batch.from_trajectories(trajs, adv_list, self.pad_token_id)
-        for i, t in enumerate(trajs):  # failed (and, if asked, truncated) trajectories do not train
-            if t.status == "failed" or (self.args.mask_truncated_completions and t.status == "truncated"):
-                batch.completion_mask[i] = 0
-        batch = batch.to(self.args.device)
+        adv_list = advantage_list(adv)
+        # failed (and, if asked, truncated) trajectories do not train
+        batch = pack(trajs, adv_list, self.pad_token_id, mask_truncated=self.args.mask_truncated_completions,
+                     device=self.args.device)
         self._attach_logps(batch)
         self._gen_metrics = rollout_metrics(trajs, columns, stats.zero_std_frac)
         self._gen_metrics.update(getattr(self, "_reward_errors", {}))
@@ -494,14 +463,11 @@ class GRPOTrainer(Trainer):
             for k, v in self._pending_reward_metrics.items():
                 metrics[k] = sum(v) / len(v) if v else float("nan")
             self._pending_reward_metrics = {}
-            adv_list = adv.detach().float().cpu().tolist() if isinstance(adv, torch.Tensor) else list(adv)
+            adv_list = advantage_list(adv)
             if a.log_completions:
                 self._log_completions(trajs, adv_list, prefix)
             self._pending_reward_extras = {}
-            batch = Batch.from_trajectories(trajs, adv_list, self.pad_token_id).to(a.device)
-            for i, t in enumerate(trajs):
-                if t.status == "failed":
-                    batch.completion_mask[i] = 0
+            batch = pack(trajs, adv_list, self.pad_token_id, device=a.device)
             with torch.no_grad():
                 metrics["loss"] = float(self.compute_loss(self.model, {"batch": batch,
                                                                        "num_items": float(batch.completion_mask.sum())}))
@@ -535,13 +501,8 @@ class GRPOTrainer(Trainer):
                     batch.ref_logps = self._logps_in_chunks(self.model, batch, mb)
 
     def _logps_in_chunks(self, model: Any, batch: Batch, size: int) -> torch.Tensor:
-        parts = []
-        for s in range(0, batch.size, size):
-            part = batch.select(slice(s, s + size))
-            lp, _ = completion_logprobs(model, part.input_ids, part.attention_mask, part.completion_mask,
-                                        temperature=self.args.temperature, chunk_size=self.args.logprob_chunk_size)
-            parts.append(lp)
-        return torch.cat(parts, 0) if parts else torch.zeros_like(batch.completion_mask)
+        return batch_logprobs(model, batch, temperature=self.args.temperature, chunk_size=self.args.logprob_chunk_size,
+                              rows_per_pass=size)
 
     def _micro_batches(self, batch: Batch) -> list[dict[str, Any]]:
         """``num_iterations`` shuffled passes, each cut into ``steps_per_generation`` micro-batches
@@ -564,25 +525,13 @@ class GRPOTrainer(Trainer):
                      num_items_in_batch: Any = None) -> Any:
         b: Batch = inputs["batch"]
         ga = self.current_gradient_accumulation_steps if self.model.training else 1
-        if b.size == 0 or float(b.completion_mask.sum()) == 0:
-            zero = sum((p.sum() * 0.0 for p in model.parameters() if p.requires_grad), torch.zeros((), device=self.args.device))
-            return (zero, None) if return_outputs else zero
-        logps, entropy = completion_logprobs(
-            model, b.input_ids, b.attention_mask, b.completion_mask,
-            temperature=self.args.temperature, chunk_size=self.args.logprob_chunk_size, entropy=True,
+        loss, metrics = batch_loss(  # the loss step of rlcore.loop.Policy.forward_backward, shared
+            model, b, self.loss_fn, LossConfig.from_args(self.args, num_items=inputs.get("num_items")),
+            temperature=self.args.temperature, chunk_size=self.args.logprob_chunk_size,
+            top_entropy_quantile=self.args.top_entropy_quantile, use_sampler_logps=bool(self.args.is_correction),
         )
-        cfg = LossConfig.from_args(self.args, num_items=inputs.get("num_items"))
-        loss_mask = b.completion_mask
-        if self.args.top_entropy_quantile < 1.0:  # TRL: train only on the highest-entropy tokens
-            loss_mask = loss_mask * high_entropy_mask(entropy, loss_mask, 1.0 - self.args.top_entropy_quantile)
-        loss, metrics = self.loss_fn(
-            logps, b.old_logps, b.advantages, loss_mask,
-            ref_logps=b.ref_logps, sampler_logps=b.sampler_logps if self.args.is_correction else None,
-            is_valid=b.is_valid, config=cfg,
-        )
-        mask = b.completion_mask
-        metrics = dict(metrics)
-        metrics["entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1.0))
+        if not metrics:  # nothing to train on in this micro-batch
+            return (loss, None) if return_outputs else loss
         self._train_metrics.add(metrics)
         loss = loss / ga
         return (loss, None) if return_outputs else loss

@@ -119,7 +119,7 @@ def test_filter_stale_drops_whole_groups_by_their_oldest_member():
 def test_export_plain_model_sends_parameters_once(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from rlcore.distributed.weights import export_weights
+    from rlcore.weights import export_weights
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     weights, lora = export_weights(model, sampler_accepts_lora=True)
@@ -132,7 +132,7 @@ def test_export_lora_adapters_or_merged_weights(tiny_model_dir):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from rlcore.distributed.weights import export_weights
+    from rlcore.weights import export_weights
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     plain_names = {n for n, _ in base.named_parameters()}

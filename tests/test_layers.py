@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("sampling", ("rlcore.sampling",)),
     ("rollout", ("rlcore.rollout",)),
     ("components", ("rlcore.rewards", "rlcore.algorithms", "rlcore.data", "rlcore.tasks",
-                    "rlcore.demo")),
+                    "rlcore.demo", "rlcore.weights")),
     ("training", ("rlcore.training",)),
     ("trainer", ("rlcore.trainer", "rlcore.loop")),
     ("facade", ("rlcore",)),  # the package root: the public names, GRPOTrainer lazily

@@ -216,6 +216,38 @@ class _Estimator:
         self.options = options
         self.stats = AdvantageStats()
 
+    def __call__(self, rewards: Any, groups: Sequence[str] | None = None, *, num_generations: int | None = None,
+                 trajectories: Sequence[Any] | None = None, **options: Any) -> Any:
+        """Advantages straight from a loop: ``GRPOAdvantage()(rewards, num_generations=8, scale="group")``.
+
+        ``rewards`` is one value per sample (``None``/NaN: unscored) or a list of trajectories (their
+        ``reward``, failed ones unscored, grouped by ``group_id``). Groups are ``groups`` (one id per
+        sample) or consecutive runs of ``num_generations`` samples. ``options`` override the
+        estimator's for this call (``scale`` is ``scale_rewards``). Calls the same
+        ``compute_advantage`` the trainer calls, so a loop and a trainer agree to the bit."""
+        if isinstance(rewards, (list, tuple)) and rewards and all(hasattr(r, "group_id") and hasattr(r, "reward") for r in rewards):
+            trajectories = list(rewards)
+            rewards = [None if (t.reward is None or t.status == "failed") else float(t.reward) for t in trajectories]
+            groups = groups if groups is not None else [t.group_id for t in trajectories]
+        n = len(rewards)
+        if groups is None:
+            if num_generations is None:
+                raise ConfigError(f"{type(self).__name__}: pass num_generations= (samples per prompt) or groups= (one id per sample)")
+            if int(num_generations) < 1 or n % int(num_generations):
+                raise ConfigError(f"{type(self).__name__}: {n} rewards do not split into groups of num_generations={num_generations}")
+            groups = [str(i // int(num_generations)) for i in range(n)]
+        elif len(groups) != n:
+            raise ConfigError(f"{type(self).__name__}: {len(groups)} group ids for {n} rewards; give one per sample")
+        if "scale" in options:
+            options["scale_rewards"] = options.pop("scale")
+        saved = self.options
+        self.options = {**saved, **options}
+        try:
+            return self.compute_advantage(rewards=rewards, groups=list(groups), trajectories=list(trajectories or []),
+                                          config=self.config)
+        finally:
+            self.options = saved
+
     def _opt(self, name: str, default: Any) -> Any:
         if name in self.options:
             return self.options[name]

@@ -7,18 +7,24 @@ the CLI's flag parsing and docs tools work without them.
 
 from .config import DistributedConfig, WorkerGroupConfig
 from .errors import WorkerFailedError
+from .loop import DeviceGroup, RemotePolicy, initialize, make_sampler, shutdown
 from .pool import RemoteSampler
 from .routing import bind_trajectory
 from .runner import DistributedResult, run_distributed
 from .staleness import filter_stale
 
 __all__ = [
+    "DeviceGroup",
     "DistributedConfig",
     "DistributedResult",
+    "RemotePolicy",
     "RemoteSampler",
     "WorkerFailedError",
     "WorkerGroupConfig",
     "bind_trajectory",
     "filter_stale",
+    "initialize",
+    "make_sampler",
     "run_distributed",
+    "shutdown",
 ]

@@ -27,7 +27,7 @@ from ..algorithms.logprobs import is_data_parallel
 from ..trainer import GRPOTrainer
 from ..types import Trajectory
 from .staleness import filter_stale, staleness_metrics
-from .weights import export_weights
+from ..loop.sync import sync_weights
 
 
 class RayGRPOTrainer(GRPOTrainer):
@@ -80,10 +80,7 @@ class RayGRPOTrainer(GRPOTrainer):
         if self.rank == 0:
             if self.weight_sync == "broadcast" and getattr(self.sampler, "_broadcast", None) is None:
                 self.sampler.setup_broadcast(self.broadcast_backend)
-            model = self.accelerator.unwrap_model(self.model)
-            weights, lora = export_weights(model, sampler_accepts_lora=self.sampler.accepts_lora(),
-                                           to_cpu=self.weight_sync != "broadcast")
-            metrics = self.sampler.update_weights(weights, lora=lora, version=step)
+            metrics = sync_weights(self.accelerator.unwrap_model(self.model), self.sampler, version=step)
             self._dist_metrics.update(metrics)
         else:
             self.sampler.policy_version = step

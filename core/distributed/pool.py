@@ -134,7 +134,7 @@ class RemoteSampler(Sampler):
     ) -> dict[str, float]:
         """Awaitable form (async mode syncs while rollouts run on the same loop). Returns ``sync/*``."""
         ray = require_ray()
-        from .weights import nbytes
+        from ..weights import nbytes
 
         t0 = time.perf_counter()
         items = list(weights.items() if hasattr(weights, "items") else weights)

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from ..types import Completion, SamplingParams
+from ..weights import sampler_accepts_lora
 
 
 def build_sampler(name: str, model: Any, options: dict[str, Any]) -> Any:
@@ -21,18 +22,6 @@ def build_sampler(name: str, model: Any, options: dict[str, Any]) -> Any:
 
     factory = rlcore.get("sampler", name)
     return factory(model, **options)
-
-
-def sampler_accepts_lora(sampler: Any) -> bool:
-    """Whether ``sampler`` can take adapter-only weight updates: it says so (``supports_lora``), or its
-    module already carries LoRA adapters to copy into."""
-    flag = getattr(sampler, "supports_lora", None)
-    if flag is not None:
-        return bool(flag)
-    model = getattr(sampler, "model", None)
-    if model is None or not hasattr(model, "named_parameters"):
-        return False
-    return any("lora_" in n for n, _ in model.named_parameters())
 
 
 class SamplerWorker:

@@ -41,6 +41,17 @@ class Sampler:
         """``params.n`` completions for each prompt, in order."""
         return list(await asyncio.gather(*(self.generate_n(p, params) for p in prompts)))
 
+    def sample(self, prompts: list[list[int]] | list[Any], params: SamplingParams | None = None) -> list[list[Completion]]:
+        """Blocking batch sampling for scripts and loops: ``params.n`` completions (token ids and the
+        logprob of each sampled token) for every prompt (token ids, or anything with ``prompt_ids``),
+        in order. Built on :meth:`generate_batch`, so every backend has it (async code awaits
+        :meth:`generate_batch` directly). For trajectories — the conversation, rewards, training —
+        use :func:`rlcore.loop.sample` or :class:`rlcore.loop.Rollout`."""
+        from ..asyncutil import run_sync
+
+        ids = [list(getattr(p, "prompt_ids", p)) for p in prompts]
+        return run_sync(self.generate_batch(ids, params or SamplingParams()))
+
     #: True when the factory takes the trainer's own module (``model=<nn.Module>``) and generates with
     #: its parameters: nothing to copy or sync. Otherwise it gets the model's path and its own copy.
     shares_trainer_module: bool = False

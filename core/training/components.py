@@ -13,6 +13,7 @@ from ..errors import ConfigError, MissingDependencyError
 from ..rewards import Reward, as_reward
 from ..rollout.scheduler import build_scheduler
 from ..types import SamplingParams
+from ..weights import base_model, shares_module  # noqa: F401 - shares_module: re-exported for older imports
 from .config import GRPOConfig
 
 
@@ -136,7 +137,7 @@ def make_sampler(args: GRPOConfig, model: Any, tokenizer: Any, sampler: Any = No
     if getattr(get_component("sampler", args.sampler), "shares_trainer_module", False):
         opts.setdefault("seed", args.seed)
         return build_sampler(args.sampler, model=model, tokenizer=tokenizer, **opts)
-    path = getattr(getattr(_base(model), "config", None), "_name_or_path", None)
+    path = getattr(getattr(base_model(model), "config", None), "_name_or_path", None)
     return build_sampler(args.sampler, model=path, tokenizer=tokenizer, **opts)
 
 
@@ -151,6 +152,19 @@ def make_scheduler(args: GRPOConfig, sampler: Any, tokenizer: Any, scheduler: An
     if args.max_turns is not None:
         opts["max_turns"] = args.max_turns
     return build_scheduler(factory, sampler, tokenizer, sampling_params=sampling_params(args), **opts)
+
+
+def build_reward(spec: Any, options: dict[str, Any] | None = None) -> Reward:
+    """A registered reward name (a class gets ``options`` as keyword arguments), a function, or a
+    :class:`Reward` object -> a Reward."""
+    if isinstance(spec, str):
+        factory = get_component("reward", spec)
+        if options and inspect.isclass(factory):
+            return as_reward(spec, factory(**options))
+        return as_reward(spec, factory)
+    if options:
+        raise ConfigError("reward options apply to registered reward names only")
+    return as_reward(getattr(spec, "name", None) or getattr(spec, "__name__", None) or type(spec).__name__, spec)
 
 
 def make_rewards(args: GRPOConfig, reward_funcs: Sequence[Any] | None,
@@ -168,12 +182,7 @@ def make_rewards(args: GRPOConfig, reward_funcs: Sequence[Any] | None,
             raise ConfigError(f"reward_processing_classes has {len(procs)} entries for {len(passed)} reward_funcs; give one per reward (None for functions)")
     rewards: list[Reward] = []
     for name in args.reward_funcs or []:
-        factory = get_component("reward", name)
-        options = (args.reward_options or {}).get(name, {})
-        if options and inspect.isclass(factory):
-            rewards.append(as_reward(name, factory(**options)))
-        else:
-            rewards.append(as_reward(name, factory))
+        rewards.append(build_reward(name, (args.reward_options or {}).get(name, {})))
     for fn, proc in zip(passed, procs):
         if isinstance(fn, str):
             if _registered(fn):
@@ -209,34 +218,3 @@ def make_advantage(args: GRPOConfig) -> Any:
     """The advantage estimator, built with the run's config and its ``advantage_options``."""
     factory: Callable[..., Any] = get_component("advantage", args.advantage)
     return factory(config=args, **(getattr(args, "advantage_options", None) or {}))
-
-
-def _base(model: Any) -> Any:
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
-def shares_module(sampler: Any, model: Any) -> bool:
-    """True when the sampler generates with the trainer's own parameters (nothing to sync)."""
-    m = getattr(sampler, "model", None)
-    return m is not None and (m is model or m is _base(model))
-
-
-def export_weights(model: Any) -> list[tuple[str, Any]]:
-    """Full weights for a separate sampler. LoRA layers are sent as ``base + delta`` computed on
-    the side: merging into the trained module and unmerging again would drift the frozen base
-    weights by rounding at every sync."""
-    if not hasattr(model, "peft_config"):
-        return [(n, t.detach()) for n, t in model.state_dict().items()]
-    base = _base(model)
-    out: dict[str, Any] = {}
-    for name, t in base.state_dict().items():
-        if "lora_" not in name:
-            out[name.replace(".base_layer", "")] = t.detach()
-    for mname, module in base.named_modules():
-        if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer") and hasattr(module, "lora_A"):
-            weight = module.base_layer.weight.detach()
-            for adapter in module.active_adapters:
-                if adapter in module.lora_A and adapter not in getattr(module, "merged_adapters", []):
-                    weight = weight + module.get_delta_weight(adapter).detach()
-            out[f"{mname}.weight"] = weight
-    return list(out.items())

@@ -1,0 +1,98 @@
+"""The training-side steps of one GRPO update, shared by :class:`~rlcore.loop.Policy` and
+``GRPOTrainer`` (one implementation of each): pack trajectories into a :class:`Batch`, logprobs of a
+batch under a model, and the loss plugin on a batch.
+
+Why free functions over a model rather than methods of the trainer: a hand-written loop and the
+Trainer subclass then run literally the same code, so their losses and gradients agree to the bit
+(``tests/test_loop_equivalence.py`` holds them to it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from ..algorithms.logprobs import completion_logprobs
+from ..types import Batch, Trajectory
+
+
+def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
+    """1 where a token's entropy is at least the ``quantile`` of the active tokens' entropies
+    (TRL 1.16 ``get_high_entropy_mask``, per process)."""
+    active = entropy[mask.bool()].float()
+    if active.numel() == 0:
+        return torch.zeros_like(mask)
+    threshold = torch.quantile(active, quantile)
+    return ((entropy >= threshold) & mask.bool()).to(mask.dtype)
+
+
+def advantage_list(advantages: Any) -> list[Any]:
+    """Advantages as Python values: one float per trajectory or one list per trajectory (step level)."""
+    if isinstance(advantages, torch.Tensor):
+        return advantages.detach().float().cpu().tolist()
+    return [list(a) if isinstance(a, (list, tuple)) else float(a) for a in advantages]
+
+
+def pack(trajectories: Sequence[Trajectory], advantages: Any, pad_token_id: int, *,
+         mask_truncated: bool = False, device: Any = None) -> Batch:
+    """Trajectories + advantages -> a :class:`Batch`. Failed trajectories (and truncated ones when
+    ``mask_truncated``) stay in the batch with an all-zero completion mask: they do not train."""
+    trajs = list(trajectories)
+    adv = advantage_list(advantages)
+    if len(adv) != len(trajs):
+        from ..errors import ConfigError
+
+        raise ConfigError(f"{len(adv)} advantages for {len(trajs)} trajectories; give one per trajectory")
+    batch = Batch.from_trajectories(trajs, adv, pad_token_id)
+    for i, t in enumerate(trajs):
+        if t.status == "failed" or (mask_truncated and t.status == "truncated"):
+            batch.completion_mask[i] = 0
+    return batch.to(device) if device is not None else batch
+
+
+@torch.no_grad()
+def batch_logprobs(model: Any, batch: Batch, *, temperature: float = 1.0, chunk_size: int = 1024,
+                   rows_per_pass: int | None = None) -> torch.Tensor:
+    """Logprobs ``[B, T]`` of ``batch``'s tokens under ``model`` (no gradient), ``rows_per_pass``
+    rows at a time (all at once when ``None``)."""
+    size = max(1, int(rows_per_pass or batch.size or 1))
+    parts = []
+    for s in range(0, batch.size, size):
+        part = batch.select(slice(s, s + size))
+        lp, _ = completion_logprobs(model, part.input_ids, part.attention_mask, part.completion_mask,
+                                    temperature=temperature, chunk_size=chunk_size)
+        parts.append(lp)
+    return torch.cat(parts, 0) if parts else torch.zeros_like(batch.completion_mask)
+
+
+def batch_loss(model: Any, batch: Batch, loss_fn: Any, config: Any, *, temperature: float = 1.0,
+               chunk_size: int = 1024, top_entropy_quantile: float = 1.0,
+               use_sampler_logps: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
+    """The loss plugin on ``batch`` under ``model`` (with gradient) and its metrics.
+
+    ``config`` is a :class:`~rlcore.algorithms.losses.LossConfig`. A batch with no trainable token
+    gives a zero that still touches every trainable parameter (so data-parallel gradient hooks fire)
+    and no metrics. ``top_entropy_quantile`` < 1 trains only on the highest-entropy tokens (TRL);
+    ``use_sampler_logps`` hands the sampler's logprobs to the loss for IS correction.
+    """
+    if batch.size == 0 or float(batch.completion_mask.sum()) == 0:
+        device = batch.input_ids.device if batch.size else next(model.parameters()).device
+        zero = sum((p.sum() * 0.0 for p in model.parameters() if p.requires_grad), torch.zeros((), device=device))
+        return zero, {}
+    logps, entropy = completion_logprobs(
+        model, batch.input_ids, batch.attention_mask, batch.completion_mask,
+        temperature=temperature, chunk_size=chunk_size, entropy=True,
+    )
+    loss_mask = batch.completion_mask
+    if top_entropy_quantile < 1.0:
+        loss_mask = loss_mask * high_entropy_mask(entropy, loss_mask, 1.0 - top_entropy_quantile)
+    loss, metrics = loss_fn(
+        logps, batch.old_logps, batch.advantages, loss_mask,
+        ref_logps=batch.ref_logps, sampler_logps=batch.sampler_logps if use_sampler_logps else None,
+        is_valid=batch.is_valid, config=config,
+    )
+    mask = batch.completion_mask
+    metrics = dict(metrics)
+    metrics["entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1.0))
+    return loss, metrics

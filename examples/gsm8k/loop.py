@@ -1,0 +1,143 @@
+"""GRPO on GSM8K as a hand-written loop (seed 001, step for step, in rlcore's names).
+
+    python examples/gsm8k/loop.py                      # Qwen2.5-0.5B-Instruct, GSM8K from /work/shared/data
+    python examples/gsm8k/loop.py --model PATH --steps 2 --max-tokens 16 --prompts-per-step 1
+
+The same recipe as ``config.yaml`` / ``train.py`` (GRPOTrainer); here every step of the loop is a
+line you can change. Comments name the seed's step each line stands for. GSM8K is read from
+``/work/shared/data/gsm8k/train.jsonl`` when present (or ``--data``), else a small generated set of
+GSM8K-style word problems. ``tests`` in rl-plugin-math run it for two steps on the CPU and hold it to
+GRPOTrainer: same loss, same gradients.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import rlcore
+from rlcore import SamplingParams
+from rlcore.loop import Policy, Rewards, Rollout, make_prompts, sync_weights
+
+SHARED_GSM8K = Path("/work/shared/data/gsm8k/train.jsonl")
+SYSTEM_PROMPT = ('Solve the math word problem. Think step by step, then write the final answer on its own last '
+                 'line in the form "#### <number>".')
+
+
+def load_gsm8k(path: str | os.PathLike[str] | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+    """GSM8K rows (``question``, ``answer`` ending in ``#### N``): the given file, the shared copy,
+    or — when neither is there — generated problems in the same format."""
+    file = Path(path) if path else SHARED_GSM8K
+    if file.exists():
+        with file.open(encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        return rows[:limit] if limit else rows
+    rng = random.Random(0)
+    rows = []
+    for _ in range(limit or 64):
+        a, b, c = rng.randint(2, 40), rng.randint(2, 40), rng.randint(2, 9)
+        rows.append({"question": f"Tom has {a} apples and buys {b} more, then gives away {c}. How many apples does he have?",
+                     "answer": f"{a}+{b}-{c} = {a + b - c}\n#### {a + b - c}"})
+    return rows
+
+
+def train(
+    model: Any = "Qwen/Qwen2.5-0.5B-Instruct",
+    rows: Sequence[dict[str, Any]] | None = None,
+    *,
+    steps: int = 500,
+    prompts_per_step: int = 8,
+    num_generations: int = 8,
+    max_tokens: int = 512,
+    max_prompt_length: int = 512,
+    temperature: float = 1.0,
+    learning_rate: float = 1e-6,
+    max_grad_norm: float = 1.0,
+    rewards: Sequence[Any] = ("gsm8k_accuracy", "gsm8k_format"),
+    seed: int = 1,
+    on_step: Callable[[int, Policy, dict[str, float]], None] | None = None,
+    save_to: str | None = None,
+) -> list[dict[str, float]]:
+    """Run the loop for ``steps`` optimizer steps; returns each step's metrics. ``on_step(step,
+    policy, metrics)`` runs after ``forward_backward`` and before the optimizer step (the gradients
+    are in ``policy.model``'s ``.grad``)."""
+    import torch
+
+    torch.manual_seed(seed)
+    rows = list(rows) if rows is not None else load_gsm8k()
+
+    # seed: model = TransformersModel(model_id, ...) on the "model" group; set_loss('GRPOLoss', epsilon=0.2);
+    #       set_optimizer('AdamW', lr=...)  — rlcore: a Policy (HF model + loss plugin + AdamW)
+    policy = Policy(model, loss="grpo", epsilon=0.2, beta=0.0, learning_rate=learning_rate,
+                    max_grad_norm=max_grad_norm, temperature=temperature, disable_dropout=False)
+    # seed: sampler = Sampler(model_id, ...) on the "sampler" group — rlcore: the colocated hf sampler,
+    #       generating with the policy's own module (swap in "vllm" / "openai" / a Ray pool; sync_weights stays)
+    sampler = rlcore.get("sampler", "hf")(policy.model, policy.tokenizer, seed=seed)
+    # seed: sampling_params = SamplingParams(max_tokens=..., logprobs=1) — rlcore samplers always return logprobs
+    sampling_params = SamplingParams(max_tokens=max_tokens, temperature=temperature)
+    rollout = Rollout(sampler, sampling_params)  # single turn: the "default" scheduler
+    # seed: reward_fns = [GSM8KAccuracy(), GSM8KFormat()]
+    reward_fn = Rewards(list(rewards))
+    # seed: advantage_fn = GRPOAdvantage()
+    advantage_fn = rlcore.get("advantage", "grpo")()
+
+    history: list[dict[str, float]] = []
+    cursor = 0
+    for step in range(steps):
+        # seed: batch = next(dataloader)  (prompts_per_step questions)
+        batch_rows = [rows[(cursor + i) % len(rows)] for i in range(prompts_per_step)]
+        cursor += prompts_per_step
+        prompts = make_prompts(batch_rows, policy.tokenizer, prompt_column="question", system_prompt=SYSTEM_PROMPT,
+                               max_prompt_length=max_prompt_length)
+        # seed: ckpt_manager.sync_weights()  (merge_and_sync for LoRA) — the sampler follows the policy
+        sync_weights(policy, sampler)
+        # seed: responses = sampler.sample(prompts * num_generations, sampling_params)
+        trajectories = rollout(prompts, num_generations=num_generations)
+        # seed: rewards = [sum(fn(trajectories)) ...] — every reward, weighted, on the sampled trajectories
+        scores = reward_fn(trajectories)
+        # seed: advantages = GRPOAdvantage()(rewards, num_generations=8, scale='group')
+        advantages = advantage_fn(scores, num_generations=num_generations, scale="group")
+        # seed: model.forward_backward(inputs=trajectories, advantages=advantages, old_logps=...)
+        #       old_logps: this is the first pass over fresh samples, so the policy that sampled is the
+        #       current one (None: ratio 1); the sampler's own logprobs travel in the batch for IS correction
+        metrics = policy.forward_backward(trajectories, advantages, old_logps=None)
+        if on_step is not None:
+            on_step(step, policy, metrics)
+        # seed: model.clip_grad_and_step()
+        metrics.update(policy.clip_grad_and_step())
+        valid = [s for s in scores if s is not None]
+        metrics["reward"] = sum(valid) / len(valid) if valid else float("nan")
+        for name, column in reward_fn.columns.items():
+            values = [v for v in column if v is not None]
+            metrics[f"rewards/{name}"] = sum(values) / len(values) if values else float("nan")
+        metrics["step"] = step + 1
+        history.append(metrics)
+        print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()
+                          if k in ("step", "loss", "reward", "grad_norm", "entropy")}))
+    if save_to:
+        # seed: model.save(output_dir)
+        policy.save(save_to)
+    return history
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="Qwen/Qwen2.5-0.5B-Instruct")
+    ap.add_argument("--data", default=None, help="a GSM8K-format .jsonl (default: the shared copy, else generated)")
+    ap.add_argument("--steps", type=int, default=500)
+    ap.add_argument("--prompts-per-step", type=int, default=8)
+    ap.add_argument("--num-generations", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=512)
+    ap.add_argument("--learning-rate", type=float, default=1e-6)
+    ap.add_argument("--save-to", default=None)
+    a = ap.parse_args(argv)
+    train(a.model, load_gsm8k(a.data), steps=a.steps, prompts_per_step=a.prompts_per_step,
+          num_generations=a.num_generations, max_tokens=a.max_tokens, learning_rate=a.learning_rate, save_to=a.save_to)
+
+
+if __name__ == "__main__":
+    main()

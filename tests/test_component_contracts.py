@@ -301,3 +301,15 @@ def test_env_calls_in_flight_have_their_own_name(tok) -> None:
     with pytest.warns(FutureWarning, match="max_concurrent_envs is deprecated for env schedulers: use max_env_calls"):
         old = EnvScheduler(ScriptedSampler(["x"], tok), max_concurrent_envs=7)
     assert old.max_env_calls == 7 and old.max_concurrent_envs == 7
+
+
+def test_the_loop_policy_takes_the_losss_declared_knobs(tiny_model_dir) -> None:
+    from rlcore.loop import Policy
+
+    policy = Policy(tiny_model_dir, loss="sapo", sapo_temperature_pos=1.3, epsilon=0.1)
+    cfg = policy.loss_config(num_items=5)
+    assert (cfg.sapo_temperature_pos, cfg.sapo_temperature_neg, cfg.epsilon, cfg.num_items) == (1.3, 1.05, 0.1, 5)
+    with pytest.raises(ConfigError, match="unknown options: sapo_temp;"):
+        Policy(tiny_model_dir, loss="sapo", sapo_temp=1.3)
+    with pytest.raises(ConfigError, match="unknown options: sapo_temperature_pos"):
+        Policy(tiny_model_dir, loss="grpo", sapo_temperature_pos=1.3)  # grpo declares no such knob

@@ -104,7 +104,7 @@ def train(
         # seed: model.forward_backward(inputs=trajectories, advantages=advantages, old_logps=...)
         #       old_logps: this is the first pass over fresh samples, so the policy that sampled is the
         #       current one (None: ratio 1); the sampler's own logprobs travel in the batch for IS correction
-        metrics = policy.forward_backward(trajectories, advantages, old_logps=None)
+        metrics = policy.forward_backward(inputs=trajectories, advantages=advantages, old_logps=None)
         if on_step is not None:
             on_step(step, policy, metrics)
         # seed: model.clip_grad_and_step()

@@ -86,7 +86,7 @@ def train(
             # seed: advantages = GRPOAdvantage()(rewards, num_generations=8, scale='group')
             advantages = advantage_fn(scores, num_generations=num_generations, scale="group")
             # seed: model.forward_backward(inputs=trajectories, advantages=advantages)  (one pass: old_logps=None)
-            metrics = policy.forward_backward(trajectories, advantages)
+            metrics = policy.forward_backward(inputs=trajectories, advantages=advantages)
             # seed: model.clip_grad_and_step()
             metrics.update(policy.clip_grad_and_step())
             valid = [s for s in scores if s is not None]

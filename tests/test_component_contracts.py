@@ -313,3 +313,18 @@ def test_the_loop_policy_takes_the_losss_declared_knobs(tiny_model_dir) -> None:
         Policy(tiny_model_dir, loss="sapo", sapo_temp=1.3)
     with pytest.raises(ConfigError, match="unknown options: sapo_temperature_pos"):
         Policy(tiny_model_dir, loss="grpo", sapo_temperature_pos=1.3)  # grpo declares no such knob
+
+
+def test_env_options_reach_the_env_under_an_env_scheduler(package, tok, tmp_path) -> None:
+    from rlcore.training.components import make_scheduler
+
+    args = rlcore.GRPOConfig(output_dir=str(tmp_path), scheduler="env_scheduler", report_to=[],
+                             env_options={"env": "parrot", "word": "fig", "env_timeout": 5},
+                             scheduler_options={"env_kwargs": {"bonus": 2.0}})
+    sched = make_scheduler(args, ScriptedSampler(["fig"], tok), tok)
+    assert sched.env == "parrot" and sched.env_timeout == 5  # the scheduler's own keys stay its options
+    assert sched.env_kwargs == {"word": "fig", "bonus": 2.0}  # the env's own reach the env
+    env = sched.make_env(_parrot_prompts()[0])
+    assert (env.word, env.bonus) == ("fig", 2.0)
+    args = rlcore.GRPOConfig(output_dir=str(tmp_path), scheduler="multi_turn", env_options={"max_turns": 2}, report_to=[])
+    assert make_scheduler(args, ScriptedSampler(["x"], tok), tok).max_turns == 2  # other schedulers: as before

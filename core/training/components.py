@@ -11,6 +11,7 @@ from typing import Any, Callable, Sequence
 from ..plugins import get as get_component
 from ..errors import ConfigError, MissingDependencyError
 from ..rewards import Reward, as_reward
+from ..rollout.options import factory_parameters, json_object
 from ..rollout.scheduler import build_scheduler
 from ..types import SamplingParams
 from ..weights import base_model, shares_module  # noqa: F401 - shares_module: re-exported for older imports
@@ -142,16 +143,38 @@ def make_sampler(args: GRPOConfig, model: Any, tokenizer: Any, sampler: Any = No
 
 
 def make_scheduler(args: GRPOConfig, sampler: Any, tokenizer: Any, scheduler: Any = None) -> Any:
-    """The rollout scheduler, with scheduler and environment options as keyword arguments."""
+    """The rollout scheduler, with its options as keyword arguments. ``env_options`` are the env's:
+    under an env scheduler, the keys the scheduler itself declares (``env_url`` …) stay its options
+    and the rest reach the env through ``env_kwargs``; under any other scheduler they are scheduler
+    options, as before."""
     if scheduler is not None and not isinstance(scheduler, str):
         if getattr(scheduler, "sampler", None) is None:
             scheduler.sampler = sampler
         return scheduler
     factory = get_component("scheduler", scheduler or args.scheduler)
-    opts: dict[str, Any] = {**(args.env_options or {}), **(args.scheduler_options or {})}
+    env_opts = _scheduler_env_options(factory, args.env_options or {})
+    sched_opts = dict(args.scheduler_options or {})
+    opts: dict[str, Any] = {**env_opts, **sched_opts}
+    if "env_kwargs" in env_opts and "env_kwargs" in sched_opts:  # both name env options: the scheduler's win
+        opts["env_kwargs"] = {**env_opts["env_kwargs"], **json_object(sched_opts["env_kwargs"], "env_kwargs")}
     if args.max_turns is not None:
         opts["max_turns"] = args.max_turns
     return build_scheduler(factory, sampler, tokenizer, sampling_params=sampling_params(args), **opts)
+
+
+def _scheduler_env_options(factory: Any, env_options: dict[str, Any]) -> dict[str, Any]:
+    """``env_options`` as scheduler keyword arguments: under an env scheduler, the keys it does not
+    declare itself are the env's own and go in ``env_kwargs``."""
+    from ..rollout.env_scheduler import EnvScheduler
+
+    if not (env_options and inspect.isclass(factory) and issubclass(factory, EnvScheduler)):
+        return dict(env_options)
+    declared = factory_parameters(factory)
+    out = {k: v for k, v in env_options.items() if k in declared}
+    to_env = {k: v for k, v in env_options.items() if k not in declared}
+    if to_env:
+        out["env_kwargs"] = {**to_env, **json_object(out.get("env_kwargs"), "env_kwargs")}
+    return out
 
 
 def build_reward(spec: Any, options: dict[str, Any] | None = None) -> Reward:

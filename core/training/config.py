@@ -100,7 +100,7 @@ class GRPOConfig(TrainingArguments):
     max_turns: int | None = field(default=None, metadata={"help": "Turns per trajectory (default: the scheduler's)."})
     observers: list[str] | None = field(default=None, metadata={"help": "Installed observer plugins that watch rollouts (logged only, never trained on)."})
     scheduler_options: dict | str | None = field(default=None, metadata={"help": "JSON dict of scheduler options."})
-    env_options: dict | str | None = field(default=None, metadata={"help": "JSON dict of environment options (passed to the scheduler)."})
+    env_options: dict | str | None = field(default=None, metadata={"help": "JSON dict of the env's options: under an env scheduler, keys the scheduler declares (env, env_url …) are its own and the rest reach the env (env_kwargs); other schedulers get them all."})
     sampler_options: dict | str | None = field(default=None, metadata={"help": "JSON dict of sampler options (e.g. vLLM's gpu_memory_utilization)."})
     reward_options: dict | str | None = field(default=None, metadata={"help": "JSON dict: reward name -> options for Reward classes."})
     loss_options: dict | str | None = field(default=None, metadata={"help": "JSON dict of the loss's own options (what it declares, e.g. sapo_temperature_pos for sapo)."})

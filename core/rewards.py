@@ -334,8 +334,9 @@ async def score_reward(
 
 def as_reward(name: str, obj: Any) -> Reward:
     """Wrap a registered reward factory/object/function into something with a ``compute_reward`` hook."""
-    if isinstance(obj, Reward):
-        obj.name = getattr(obj, "name", None) or name
+    if isinstance(obj, Reward):  # an instance (built with options) keeps a name of its own, else takes ``name``
+        if not getattr(obj, "name", None) or obj.name == "reward":
+            obj.name = name
         return obj
     if inspect.isclass(obj) and issubclass(obj, Reward):
         inst = obj()

@@ -68,9 +68,22 @@ class MySampler(rlcore.Sampler):
         self.model, self.tokenizer, self.seed = model, tokenizer, seed
 
 
+class LengthTimes(rlcore.Reward):
+    def __init__(self, factor: float = 1.0):
+        self.factor = float(factor)
+
+    def score(self, completion_ids, **_):
+        return [self.factor * len(ids) for ids in completion_ids]
+
+
 @rlcore.hookimpl
 def register_envs(register):
     register("parrot", ParrotEnv)
+
+
+@rlcore.hookimpl
+def register_rewards(register):
+    register("length_times", LengthTimes)
 
 
 @rlcore.hookimpl
@@ -168,6 +181,26 @@ def test_train_flags_reach_the_component_that_declares_them(package, tmp_path) -
     assert make_advantage(plan.args).shift == 0.25
     with pytest.raises(ConfigError, match="unknown option --sharpness.*loss 'scaled' accepts --scale"):
         build_plan(["--loss_type", "scaled", "--sharpness", "2", "--output_dir", str(tmp_path / "o2")])
+
+
+def test_reward_class_options_are_flags_in_both_commands(package, tmp_path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from rlcore.cli import _load_commands, cli
+    from rlcore.train_cli import build_plan
+
+    plan = build_plan(["--reward", "length_times", "--factor", "2", "--output_dir", str(tmp_path / "t")])
+    assert plan.component_options["reward"] == {"length_times": {"factor": 2.0}}
+    _load_commands()
+    out = tmp_path / "r.jsonl"
+    res = CliRunner().invoke(cli, ["rollout", "--limit", "2", "--max-completion-length", "4", "--no-progress",
+                                   "--reward", "length_times", "--factor", "0.5", "--output", str(out)])
+    assert res.exit_code == 0, res.output
+    for line in out.read_text().splitlines():
+        t = json.loads(line)
+        assert t["rewards"]["length_times"] == 0.5 * len(t["completion_ids"])
 
 
 def test_config_options_are_checked_against_what_the_component_declares(package, tmp_path) -> None:
@@ -268,3 +301,15 @@ def test_env_calls_in_flight_have_their_own_name(tok) -> None:
     with pytest.warns(FutureWarning, match="max_concurrent_envs is deprecated for env schedulers: use max_env_calls"):
         old = EnvScheduler(ScriptedSampler(["x"], tok), max_concurrent_envs=7)
     assert old.max_env_calls == 7 and old.max_concurrent_envs == 7
+
+
+def test_the_loop_policy_takes_the_losss_declared_knobs(tiny_model_dir) -> None:
+    from rlcore.loop import Policy
+
+    policy = Policy(tiny_model_dir, loss="sapo", sapo_temperature_pos=1.3, epsilon=0.1)
+    cfg = policy.loss_config(num_items=5)
+    assert (cfg.sapo_temperature_pos, cfg.sapo_temperature_neg, cfg.epsilon, cfg.num_items) == (1.3, 1.05, 0.1, 5)
+    with pytest.raises(ConfigError, match="unknown options: sapo_temp;"):
+        Policy(tiny_model_dir, loss="sapo", sapo_temp=1.3)
+    with pytest.raises(ConfigError, match="unknown options: sapo_temperature_pos"):
+        Policy(tiny_model_dir, loss="grpo", sapo_temperature_pos=1.3)  # grpo declares no such knob

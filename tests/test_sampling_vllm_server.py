@@ -150,6 +150,14 @@ async def test_reset_prefix_cache_preempts_running_requests_and_checks_success(h
 
 
 # --- 8: sleep state --------------------------------------------------------------------------------------
+async def _running_generation(client, srv, prompt) -> asyncio.Task:
+    """A 48-token generation the server is running right now (no stop token can end it early)."""
+    task = asyncio.create_task(client.generate(prompt, SamplingParams(max_tokens=48, stop_token_ids=[-1])))
+    while not srv.running:
+        await asyncio.sleep(0.005)
+    return task
+
+
 async def test_generate_while_asleep_fails_at_once(hf, prompt, tiny_model_dir) -> None:
     srv = start(hf, hang_s=3.0)
     try:
@@ -172,9 +180,7 @@ async def test_sleep_waits_for_running_requests_instead_of_aborting_them(hf, pro
     srv = start(hf)
     try:
         client = make_client(srv, tiny_model_dir)
-        task = asyncio.create_task(client.generate(prompt, SamplingParams(max_tokens=48, stop_token_ids=[-1])))
-        while not srv.running:
-            await asyncio.sleep(0.005)
+        task = await _running_generation(client, srv, prompt)
         await asyncio.to_thread(client.sleep)
         c = await task
         assert c.finish_reason == "length" and len(c.token_ids) == 48
@@ -189,9 +195,7 @@ async def test_aborted_completion_is_an_error_not_a_result(hf, prompt, tiny_mode
     srv = start(hf)
     try:
         client = make_client(srv, tiny_model_dir)
-        task = asyncio.create_task(client.generate(prompt, SamplingParams(max_tokens=48, stop_token_ids=[-1])))
-        while not srv.running:
-            await asyncio.sleep(0.005)
+        task = await _running_generation(client, srv, prompt)
         import httpx
 
         await asyncio.to_thread(httpx.post, srv.url + "/sleep", params={"level": 1})  # someone else, mode=abort

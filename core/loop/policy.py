@@ -20,6 +20,8 @@ import attrs
 import torch
 
 from ..algorithms.losses import LossConfig
+from ..algorithms.losses import loss_options as resolve_loss_options
+from ..protocols import declared_options
 from ..errors import ConfigError
 from ..plugins import get as get_component
 from ..types import Batch, Trajectory
@@ -92,7 +94,9 @@ class Policy:
     ) -> None:
         from ..training.components import apply_peft, disable_dropout as _no_dropout, load_tokenizer
 
-        known = {f.name for f in attrs.fields(LossConfig)} - {"num_items"}
+        loss_fn = get_component("loss", loss) if isinstance(loss, str) else loss
+        # the knobs every loss shares, plus the ones this loss declares (sapo_temperature_* for sapo …)
+        known = ({f.name for f in attrs.fields(LossConfig)} - {"num_items", "options"}) | set(declared_options(loss_fn))
         unknown = sorted(set(loss_options) - known)
         if unknown:
             raise ConfigError(f"Policy got unknown options: {', '.join(unknown)}; loss knobs are {', '.join(sorted(known))}")
@@ -109,7 +113,7 @@ class Policy:
             model.to(device)
         self.model = model
         self.loss_name = loss if isinstance(loss, str) else getattr(loss, "__name__", "loss")
-        self.loss_fn = get_component("loss", loss) if isinstance(loss, str) else loss
+        self.loss_fn = loss_fn
         self.loss_options = dict(loss_options)
         self.max_grad_norm = max_grad_norm
         self.temperature = float(temperature)
@@ -134,7 +138,7 @@ class Policy:
     def loss_config(self, num_items: float | None = None) -> LossConfig:
         """The loss knobs of this policy (``num_items``: dapo/cispo's normaliser, per batch)."""
         args = types.SimpleNamespace(temperature=self.temperature, **self.loss_options)
-        return LossConfig.from_args(args, num_items=num_items)
+        return LossConfig.from_args(args, num_items=num_items, options=resolve_loss_options(args, self.loss_fn))
 
     def batch(self, inputs: Batch | Sequence[Trajectory], advantages: Any = None) -> Batch:
         """A :class:`Batch` on this policy's device: ``inputs`` as is, or trajectories packed with

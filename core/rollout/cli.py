@@ -75,8 +75,8 @@ OLD_ROLLOUT_NAMES = {"max_tokens": "max_completion_length", "concurrency": "roll
 def rollout_command(ctx: click.Context, **opts: Any) -> None:
     """Run rollouts with a scheduler and write trajectories as JSONL (no training).
 
-    Extra --flags go to the scheduler, sampler or env (of an env scheduler) that declares them,
-    e.g. --env-url, --env.
+    Extra --flags go to the scheduler, sampler, env (of an env scheduler) or reward class that
+    declares them, e.g. --env-url, --env.
     """
     summary = asyncio.run(run_rollout_command(extra_args=list(ctx.args), **opts))
     click.echo(summary, err=True)
@@ -125,6 +125,9 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
     env = chosen_env(scheduler_factory, {**given_sched_opts, **flags})
     if env is not None:  # the env an env scheduler plays takes its own flags (through env_kwargs)
         labels[f"env {env[0]!r}"] = component_parameters("env", env[1])
+    reward_names = list(dict.fromkeys(spec.partition("=")[0] for spec in opts["rewards"]))
+    for name in reward_names:  # a Reward class's options are flags too (a reward function has none)
+        labels[f"reward {name!r}"] = component_parameters("reward", registry.get("reward", name))
     routed = resolve_options(flags, labels)
     sched_opts, sampler_opts = routed[sched_label], routed[sampler_label]
     given_sampler_opts = json_object(opts.get("sampler_options"), "--sampler-options")
@@ -134,7 +137,8 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
     sched_opts = {**given_sched_opts, **sched_opts}
     if env is not None and routed[f"env {env[0]!r}"]:
         sched_opts["env_kwargs"] = {**json_object(sched_opts.get("env_kwargs"), "env_kwargs"), **routed[f"env {env[0]!r}"]}
-    reward_objs, weights = _rewards(opts["rewards"], registry, as_reward)
+    reward_objs, weights = _rewards(opts["rewards"], registry, as_reward,
+                                    {name: routed[f"reward {name!r}"] for name in reward_names})
     dataset: Any = opts["dataset"]
     if dataset is None and callable(getattr(scheduler_factory, "default_task", None)):
         from ..tasks import default_task_for
@@ -235,7 +239,8 @@ def check_rollouts_command(path: str, model: str | None, tools_path: str | None,
         raise SystemExit(1)
 
 
-def _rewards(specs: tuple[str, ...], registry: Any, as_reward: Any) -> tuple[list[Any], dict[str, float]]:
+def _rewards(specs: tuple[str, ...], registry: Any, as_reward: Any,
+             options: dict[str, dict[str, Any]] | None = None) -> tuple[list[Any], dict[str, float]]:
     objs, weights = [], {}
     for spec in specs:
         name, eq, w = spec.partition("=")
@@ -243,7 +248,9 @@ def _rewards(specs: tuple[str, ...], registry: Any, as_reward: Any) -> tuple[lis
             weight = float(w) if eq else 1.0
         except ValueError:
             raise ConfigError(f"--reward {spec!r}: the weight after '=' must be a number") from None
-        objs.append(as_reward(name, registry.get("reward", name)))
+        factory = registry.get("reward", name)
+        given = (options or {}).get(name)
+        objs.append(as_reward(name, factory(**given) if given else factory))
         weights[name] = weight
     return objs, weights
 

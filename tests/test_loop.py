@@ -161,6 +161,28 @@ def test_sync_weights_lora_merged_into_plain_sampler_and_over_http(tiny_model_di
         with torch.no_grad():
             served = server.sampler.model(input_ids=ids).logits
         assert torch.allclose(served, want, atol=1e-5)
+        # the blocking batch API works over HTTP too: n completions with logprobs per prompt
+        (group,) = client.sample([[5, 6, 7]], SamplingParams(max_tokens=3, n=2))
+        assert len(group) == 2 and all(len(c.logprobs) == len(c.token_ids) > 0 for c in group)
+
+
+def test_sync_weights_lora_adapters_only_to_a_sampler_with_adapters(tiny_model_dir: str) -> None:
+    import copy
+
+    policy = Policy(tiny_model_dir, loss="grpo", lora={"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"],
+                                                        "lora_dropout": 0.0})
+    sampler = _hf(copy.deepcopy(policy.model), policy.tokenizer)  # its own copy, adapters included
+    with torch.no_grad():
+        for n, p in policy.model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.2)
+    weights, lora = policy.weights(sampler)
+    assert lora and weights and all("lora_" in n for n in weights)  # adapters only: a few tensors, not the model
+    sync_weights(policy, sampler, version=5)
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        assert torch.allclose(sampler.model(input_ids=ids).logits, policy.model(input_ids=ids).logits, atol=1e-6)
+    assert sampler.policy_version == 5
 
 
 def test_rollout_of_prepared_trajectories(policy: Policy) -> None:

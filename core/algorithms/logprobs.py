@@ -154,12 +154,11 @@ def is_data_parallel(model: Any) -> bool:
 
 
 def _split_model(model: Any) -> tuple[Any, Any]:
-    """(decoder body returning hidden states, lm_head) of a causal LM, also through PEFT wrappers."""
-    m = model
-    if hasattr(m, "get_base_model"):
-        m = m.get_base_model()
-    while hasattr(m, "module") and not hasattr(m, "get_output_embeddings"):
-        m = m.module  # DDP / accelerate wrappers
+    """(decoder body returning hidden states, lm_head) of a causal LM, also through PEFT and DDP /
+    accelerate / compile wrappers (unwrapped by :func:`rlcore.weights.base_model`)."""
+    from ..weights import base_model
+
+    m = base_model(model)
     head = m.get_output_embeddings()
     body = getattr(m, m.base_model_prefix, None) if getattr(m, "base_model_prefix", None) else None
     if body is None:

@@ -157,9 +157,11 @@ def test_unknown_env_or_env_option_is_one_line(package, tok) -> None:
     make = rlcore.get("scheduler", "env_scheduler")
     with pytest.raises(rlcore.UnknownComponentError, match="no env named 'parot'.*parrot"):
         make(ScriptedSampler(["x"], tok), env="parot")
-    sched = make(ScriptedSampler(["x"], tok), env="parrot", env_kwargs={"colour": "red"})
     with pytest.raises(ConfigError, match="env 'parrot' does not take option.*colour.*takes: bonus"):
-        sched.make_env(_parrot_prompts()[0])
+        make(ScriptedSampler(["x"], tok), env="parrot", env_kwargs={"colour": "red"})  # before any rollout
+    sched = make(ScriptedSampler(["x"], tok))  # no run-level env: a row names it, and its options are checked then
+    with pytest.raises(ConfigError, match="env 'parrot' does not take option.*colour"):
+        sched.make_env(_parrot_prompts(name="parrot", colour="red")[0])
 
 
 def test_train_flags_reach_the_component_that_declares_them(package, tmp_path) -> None:

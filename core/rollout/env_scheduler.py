@@ -72,8 +72,9 @@ class EnvScheduler(MultiTurnScheduler):
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self.env = env
         self.env_kwargs = json_object(env_kwargs, "env_kwargs")  # from the command line: a JSON string
-        if env:
-            self.env_factory(str(env))  # a typo in --env is a one-line error now, not a batch of failed trajectories
+        if env:  # a typo in --env or in an option of its env is one line now, not a batch of failed trajectories
+            factory, implied = self.env_factory(str(env))
+            _check_options(str(env), factory, {**implied, **self.env_kwargs})
 
     @property
     def max_concurrent_envs(self) -> int:

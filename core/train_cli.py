@@ -55,6 +55,7 @@ def train_command(ctx: click.Context) -> None:
     distributed, argv = split_distributed_flags(argv)
     plan = build_plan(argv)
     if distributed is not None:
+        apply_component_options(plan.args, plan.component_options)  # here, so distributed.cli needs nothing of this module
         run_distributed_plan(plan, distributed)
         return
     run_plan(plan)

@@ -116,13 +116,11 @@ def run_distributed_plan(plan: Any, config: DistributedConfig) -> Any:
     from rich.console import Console
     from rich.table import Table
 
-    from ..train_cli import apply_component_options
     from .runner import run_distributed
     from .runtime import require_ray
 
     require_ray()
-    args = plan.args
-    apply_component_options(args, plan.component_options)
+    args = plan.args  # its routed component options are already merged (train_cli.apply_component_options)
     config.sampler_name = args.sampler  # each sampler worker hosts the configured backend
     config.sampler_options = dict(args.sampler_options)
     console = Console()

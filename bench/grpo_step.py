@@ -124,17 +124,55 @@ def build(a: argparse.Namespace, rows: list[dict], out: str, baton: Baton) -> di
     return {"trainers": {"rlcore": ours, "trl": theirs}, "times": times}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=20)
+def add_step_args(ap: argparse.ArgumentParser, steps: int, out: str) -> None:
+    """The setup flags every step benchmark shares (this one and loop_step.py)."""
+    ap.add_argument("--steps", type=int, default=steps)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--num-generations", type=int, default=8)
     ap.add_argument("--max-completion-length", type=int, default=32)
     ap.add_argument("--loss-type", default="dapo")
     ap.add_argument("--size", "--shape", default="tiny", help="model shape: tiny, small (rlcore.testing) or qwen2-0.5b")
+    ap.add_argument("--out", default=os.path.join(RESULTS, out), help="JSON/PNG path without suffix")
+
+
+def run_in_lockstep(baton: Baton, jobs: dict[str, Any]) -> None:
+    """Run each job (name -> callable) in its own thread, the baton alternating their steps; a job
+    that raises ends the benchmark with its error."""
+    errors: dict[str, BaseException] = {}
+
+    def run(name: str) -> None:
+        try:
+            jobs[name]()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors[name] = exc
+        finally:
+            baton.finish(name)
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise SystemExit(f"benchmark failed: {errors}")
+
+
+def write_result(a: argparse.Namespace, result: dict[str, Any], precision: str) -> None:
+    import torch
+    import transformers
+
+    result["meta"] = {"torch": torch.__version__, "transformers": transformers.__version__,
+                      "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "precision": precision}
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    with open(a.out + ".json", "w") as f:
+        json.dump(result, f, indent=2)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_step_args(ap, steps=20, out="grpo_step")
     ap.add_argument("--bf16", action="store_true", help="bf16 mixed precision on both sides (default float32)")
-    ap.add_argument("--out", default=os.path.join(RESULTS, "grpo_step"), help="JSON/PNG path without suffix")
     a = ap.parse_args()
 
     from rlcore.tasks import digits_dataset
@@ -143,28 +181,11 @@ def main() -> None:
     baton = Baton(["rlcore", "trl"])
     with tempfile.TemporaryDirectory() as out:
         built = build(a, rows, out, baton)
-        errors: dict[str, BaseException] = {}
-
-        def run(name: str) -> None:
-            try:
-                built["trainers"][name].train()
-            except BaseException as exc:  # noqa: BLE001 - reported below
-                errors[name] = exc
-            finally:
-                baton.finish(name)
-
-        threads = [threading.Thread(target=run, args=(n,)) for n in ("rlcore", "trl")]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise SystemExit(f"benchmark failed: {errors}")
+        run_in_lockstep(baton, {n: built["trainers"][n].train for n in ("rlcore", "trl")})
     times = built["times"]
     med = {k: statistics.median(v[a.warmup:]) for k, v in times.items()}
     ratio = med["rlcore"] / med["trl"]
     import torch
-    import transformers
 
     history = built["trainers"]["rlcore"].state.log_history
     rollout = [h["rollout_time"] for h in history if "rollout_time" in h][a.warmup:]
@@ -172,36 +193,37 @@ def main() -> None:
     goal = 0.5 if torch.cuda.is_available() else 0.7
     print(f"median step time: rlcore {med['rlcore']:.3f}s  TRL {med['trl']:.3f}s  ratio {ratio:.3f} (goal <= {goal})"
           + (f"; rlcore rollout {rollout_med:.3f}s of its step" if rollout_med is not None else ""))
-    meta = {"torch": torch.__version__, "transformers": transformers.__version__,
-            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-            "precision": "bf16 mixed" if a.bf16 else "float32"}
-    result = {"setup": vars(a), "meta": meta, "median_step_s": med, "ratio": ratio, "goal": goal,
-              "rlcore_median_rollout_s": rollout_med, "step_times": times}
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with open(a.out + ".json", "w") as f:
-        json.dump(result, f, indent=2)
+    write_result(a, {"setup": vars(a), "median_step_s": med, "ratio": ratio, "goal": goal,
+                     "rlcore_median_rollout_s": rollout_med, "step_times": times}, "bf16 mixed" if a.bf16 else "float32")
     _plot(times, med, ratio, a)
 
 
-def _plot(times: dict[str, list[float]], med: dict[str, float], ratio: float, a: argparse.Namespace) -> None:
+def plot_steps(times: dict[str, list[float]], med: dict[str, float], series: list[tuple[str, str, str]], warmup: int,
+               title: str, path: str) -> None:
+    """Step times of two runs side by side (``series``: key, colour, label), warm-up shaded."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-    for name, color in (("rlcore", "tab:blue"), ("trl", "tab:gray")):
+    for name, color, label in series:
         ax.plot(range(1, len(times[name]) + 1), times[name], marker="o", ms=3, color=color,
-                label=f"{name} (median {med[name]:.3f}s)")
-    ax.axvspan(0.5, a.warmup + 0.5, color="k", alpha=0.06, label="warm-up (excluded)")
+                label=f"{label} (median {med[name]:.3f}s)")
+    ax.axvspan(0.5, warmup + 0.5, color="k", alpha=0.06, label="warm-up (excluded)")
     ax.set_xlabel("step")
     ax.set_ylabel("seconds")
-    ax.set_title(f"GRPO step, {a.size} {'bf16' if a.bf16 else 'fp32'}, {a.prompts}×{a.num_generations} completions "
-                 f"≤{a.max_completion_length} tok, {a.loss_type}: ratio {ratio:.2f}", fontsize=9)
+    ax.set_title(title, fontsize=9)
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(a.out + ".png")
+    fig.savefig(path)
+
+
+def _plot(times: dict[str, list[float]], med: dict[str, float], ratio: float, a: argparse.Namespace) -> None:
+    plot_steps(times, med, [("rlcore", "tab:blue", "rlcore"), ("trl", "tab:gray", "trl")], a.warmup,
+               f"GRPO step, {a.size} {'bf16' if a.bf16 else 'fp32'}, {a.prompts}×{a.num_generations} completions "
+               f"≤{a.max_completion_length} tok, {a.loss_type}: ratio {ratio:.2f}", a.out + ".png")
 
 
 if __name__ == "__main__":

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from typing import Any
 
@@ -31,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
 sys.path.insert(0, HERE)
 
-from grpo_step import Baton, timing_callback  # noqa: E402  (the lock-step scheduler and the trainer's timer)
+from grpo_step import Baton, add_step_args, plot_steps, run_in_lockstep, timing_callback, write_result  # noqa: E402  (the lock-step scheduler and the trainer's timer)
 
 
 def run_loop(a: argparse.Namespace, model: Any, tok: Any, rows: list[dict], baton: Baton, times: list[float],
@@ -63,18 +61,10 @@ def run_loop(a: argparse.Namespace, model: Any, tok: Any, rows: list[dict], bato
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--num-generations", type=int, default=8)
-    ap.add_argument("--max-completion-length", type=int, default=32)
-    ap.add_argument("--loss-type", default="dapo")
-    ap.add_argument("--size", default="tiny", help="model shape: tiny, small (rlcore.testing) or qwen2-0.5b")
-    ap.add_argument("--out", default=os.path.join(RESULTS, "loop_step"), help="JSON/PNG path without suffix")
+    add_step_args(ap, steps=12, out="loop_step")
     a = ap.parse_args()
 
     import torch
-    import transformers
 
     from rlcore.tasks import digits_dataset
     from rlcore.trainer import GRPOConfig, GRPOTrainer
@@ -86,7 +76,6 @@ def main() -> None:
     baton = Baton(["loop", "trainer"])
     times: dict[str, list[float]] = {"loop": [], "trainer": []}
     loop_rollout: list[float] = []
-    errors: dict[str, BaseException] = {}
     with tempfile.TemporaryDirectory() as out:
         args = GRPOConfig(
             output_dir=os.path.join(out, "trainer"), reward_funcs=["digits"], per_device_train_batch_size=a.prompts * a.num_generations,
@@ -97,25 +86,8 @@ def main() -> None:
         )
         trainer = GRPOTrainer(twin.train(), args=args, train_dataset=rows, processing_class=tok,
                               callbacks=[timing_callback("trainer", baton, times["trainer"])])
-
-        def run(name: str) -> None:
-            try:
-                if name == "trainer":
-                    trainer.train()
-                else:
-                    run_loop(a, model, tok, rows, baton, times["loop"], loop_rollout)
-            except BaseException as exc:  # noqa: BLE001 - reported below
-                errors[name] = exc
-            finally:
-                baton.finish(name)
-
-        threads = [threading.Thread(target=run, args=(n,)) for n in ("loop", "trainer")]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    if errors:
-        raise SystemExit(f"benchmark failed: {errors}")
+        run_in_lockstep(baton, {"loop": lambda: run_loop(a, model, tok, rows, baton, times["loop"], loop_rollout),
+                                "trainer": trainer.train})
     med = {k: statistics.median(v[a.warmup:]) for k, v in times.items()}
     ratio = med["loop"] / med["trainer"]
     trainer_rollout = [h["rollout_time"] for h in trainer.state.log_history if "rollout_time" in h][a.warmup:]
@@ -123,35 +95,15 @@ def main() -> None:
                    "trainer": statistics.median(trainer_rollout) if trainer_rollout else None}
     print(f"median step time: loop API {med['loop']:.3f}s  GRPOTrainer {med['trainer']:.3f}s  ratio {ratio:.3f} "
           f"(goal <= 1.0); generation+scoring: loop {rollout_med['loop']:.3f}s, trainer {rollout_med['trainer']}")
-    meta = {"torch": torch.__version__, "transformers": transformers.__version__,
-            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "precision": "float32"}
-    result = {"setup": vars(a), "meta": meta, "median_step_s": med, "ratio_loop_over_trainer": ratio, "goal": 1.0,
-              "median_rollout_s": rollout_med, "step_times": times}
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with open(a.out + ".json", "w") as f:
-        json.dump(result, f, indent=2)
+    write_result(a, {"setup": vars(a), "median_step_s": med, "ratio_loop_over_trainer": ratio, "goal": 1.0,
+                     "median_rollout_s": rollout_med, "step_times": times}, "float32")
     _plot(times, med, ratio, a)
 
 
 def _plot(times: dict[str, list[float]], med: dict[str, float], ratio: float, a: argparse.Namespace) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-    for name, color, label in (("loop", "tab:green", "loop API"), ("trainer", "tab:blue", "GRPOTrainer")):
-        ax.plot(range(1, len(times[name]) + 1), times[name], marker="o", ms=3, color=color,
-                label=f"{label} (median {med[name]:.3f}s)")
-    ax.axvspan(0.5, a.warmup + 0.5, color="k", alpha=0.06, label="warm-up (excluded)")
-    ax.set_xlabel("step")
-    ax.set_ylabel("seconds")
-    ax.set_title(f"GRPO step: loop API vs GRPOTrainer, {a.size}, {a.prompts}×{a.num_generations} completions "
-                 f"≤{a.max_completion_length} tok, {a.loss_type}: ratio {ratio:.2f}", fontsize=9)
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(a.out + ".png")
+    plot_steps(times, med, [("loop", "tab:green", "loop API"), ("trainer", "tab:blue", "GRPOTrainer")], a.warmup,
+               f"GRPO step: loop API vs GRPOTrainer, {a.size}, {a.prompts}×{a.num_generations} completions "
+               f"≤{a.max_completion_length} tok, {a.loss_type}: ratio {ratio:.2f}", a.out + ".png")
 
 
 if __name__ == "__main__":

@@ -32,6 +32,17 @@ class SamplingParams:
     stop_token_ids: list[int] = attrs.field(factory=list)
     repetition_penalty: float = 1.0
     min_tokens: int = 0
+    #: logprobs per token, vLLM's name: the sampled token's is always returned, so 1 (or 0/None,
+    #: accepted for scripts that pass vLLM's values) — top-k alternatives are not returned
+    logprobs: int | None = attrs.field(default=1)
+
+    @logprobs.validator
+    def _one_logprob(self, _attr: Any, value: Any) -> None:
+        if value not in (None, 0, 1):
+            from .errors import ConfigError
+
+            raise ConfigError(f"SamplingParams(logprobs={value!r}): rlcore's samplers return the sampled token's "
+                              "logprob only; pass logprobs=1 (or leave it out)")
 
     def replace(self, **changes: Any) -> "SamplingParams":
         return attrs.evolve(self, **changes)

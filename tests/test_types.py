@@ -84,3 +84,17 @@ def test_sampling_params_replace():
     p = SamplingParams(max_tokens=8, temperature=0.7)
     q = p.replace(n=4)
     assert q.n == 4 and q.max_tokens == 8 and p.n == 1
+
+
+def test_sampling_params_take_vllms_logprobs_argument():
+    """The seed loops write SamplingParams(max_tokens=…, logprobs=1): accepted (the sampled token's
+    logprob is always returned); asking for top-k alternatives is refused in one line."""
+    import pytest
+
+    from rlcore.errors import ConfigError
+
+    assert SamplingParams(max_tokens=8, logprobs=1).logprobs == 1
+    assert SamplingParams(logprobs=0).max_tokens == 256 and SamplingParams(logprobs=None).logprobs is None
+    with pytest.raises(ConfigError, match=r"^SamplingParams\(logprobs=5\): .* pass logprobs=1") as info:
+        SamplingParams(logprobs=5)
+    assert "\n" not in str(info.value)

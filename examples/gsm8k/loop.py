@@ -77,8 +77,8 @@ def train(
     # seed: sampler = Sampler(model_id, ...) on the "sampler" group — rlcore: the colocated hf sampler,
     #       generating with the policy's own module (swap in "vllm" / "openai" / a Ray pool; sync_weights stays)
     sampler = rlcore.get("sampler", "hf")(policy.model, policy.tokenizer, seed=seed)
-    # seed: sampling_params = SamplingParams(max_tokens=..., logprobs=1) — rlcore samplers always return logprobs
-    sampling_params = SamplingParams(max_tokens=max_tokens, temperature=temperature)
+    # seed: sampling_params = SamplingParams(max_tokens=..., logprobs=1)
+    sampling_params = SamplingParams(max_tokens=max_tokens, logprobs=1, temperature=temperature)
     rollout = Rollout(sampler, sampling_params)  # single turn: the "default" scheduler
     # seed: reward_fns = [GSM8KAccuracy(), GSM8KFormat()]
     reward_fn = Rewards(list(rewards))

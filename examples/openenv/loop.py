@@ -61,7 +61,7 @@ def train(
     # seed: sampler = vLLMSampler(model_id, remote_group='sampler')  — here the colocated hf sampler
     sampler = make_sampler("hf", policy.model, policy.tokenizer, seed=seed)
     # seed: sampling_params = SamplingParams(max_tokens=..., logprobs=1)
-    sampling_params = SamplingParams(max_tokens=max_tokens, stop=[" ", "\n"] if actions == "text" else [])
+    sampling_params = SamplingParams(max_tokens=max_tokens, logprobs=1, stop=[" ", "\n"] if actions == "text" else [])
     # seed: rollout = MultiTurnRollout(sampler, sampling_params, max_turns=6)
     #       each trajectory gets its own ToolManager with an EnvTool on its own server session
     rollout = MultiTurnRollout(sampler, sampling_params, scheduler=SCHEDULERS[actions], max_turns=max_turns,

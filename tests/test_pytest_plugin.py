@@ -83,3 +83,32 @@ def test_which_plugins_a_test_loads(tmp_path: Path) -> None:
     (app / "tests").mkdir(parents=True)
     (app / "pyproject.toml").write_text('[project]\nname = "my-training-app"\n')
     assert default_plugins(app / "tests" / "test_x.py") is None  # an application using rlcore: left alone
+
+
+def test_another_projects_run_is_left_as_it_is(tmp_path: Path) -> None:
+    """Installing rlcore must not change another project's test run: its gpu-marked tests run, the
+    Hugging Face offline variables stay unset, RLCORE_PLUGINS is not touched."""
+    project = tmp_path / "someapp"
+    (project / "tests").mkdir(parents=True)
+    (project / "pyproject.toml").write_text('[project]\nname = "someapp"\nversion = "0"\n\n[tool.pytest.ini_options]\n'
+                                           'addopts = "-p no:cacheprovider -p rlcore.testing.pytest_plugin"\n'
+                                           'markers = ["gpu: theirs"]\n')
+    (project / "tests" / "test_app.py").write_text(textwrap.dedent('''
+        import os
+
+        import pytest
+
+
+        @pytest.mark.gpu
+        def test_their_gpu_marker_is_theirs():
+            assert True
+
+
+        def test_environment_untouched():
+            assert "HF_HUB_OFFLINE" not in os.environ and "RLCORE_PLUGINS" not in os.environ
+    '''))
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "RLCORE_PLUGINS", "TRANSFORMERS_OFFLINE")}
+    out = subprocess.run([sys.executable, "-m", "pytest", "-rs", "-q"], cwd=project, capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "2 passed" in out.stdout and "skipped" not in out.stdout, out.stdout

@@ -23,8 +23,9 @@ What it provides:
   (CI sets it: there a missing folder is a broken checkout, not a reason to test less).
 - ``gpu``-marked tests skip without a CUDA device.
 
-Heavy imports (torch, transformers, rlcore itself) happen inside the fixtures, so merely having
-rlcore installed costs other projects' test runs nothing.
+Heavy imports (torch, transformers) happen inside the fixtures. In another project's test run (one
+that is neither rlcore nor an rlcore plugin package) the plugin changes nothing: no offline
+variables, no gpu skips, no plugin isolation — installing rlcore does not change what that run does.
 """
 
 from __future__ import annotations
@@ -52,8 +53,9 @@ _OFFLINE = {
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    for key, value in _OFFLINE.items():  # tests never reach the network
-        os.environ.setdefault(key, value)
+    if _ours(Path(str(config.rootpath))):  # rlcore's and its plugins' tests never reach the network; other
+        for key, value in _OFFLINE.items():  # projects' runs are theirs (installing rlcore changes nothing there)
+            os.environ.setdefault(key, value)
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
     config.addinivalue_line(
         "markers", f"shared_data: reads the shared data folder (skipped when absent, failed when {REQUIRE_SHARED_DATA_ENV}=1)"
@@ -64,6 +66,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "shared_data" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.shared_data)
+    items = [item for item in items if _ours(Path(str(item.path)).parent)]  # another project's gpu marker is its own
     if not any("gpu" in item.keywords for item in items):
         return
     try:
@@ -95,6 +98,13 @@ def _project_of(directory: Path) -> tuple[str, bool] | None:
         if project.get("name"):
             return str(project["name"]), bool((project.get("entry-points") or {}).get("rlcore"))
     return None
+
+
+def _ours(directory: Path) -> bool:
+    """Whether ``directory`` belongs to rlcore or to an rlcore plugin distribution: only their runs
+    get this plugin's behaviour (offline, gpu skips); fixtures are there for anyone who asks."""
+    project = _project_of(directory.resolve())
+    return project is not None and (project[1] or project[0] == "rlcore")
 
 
 def default_plugins(test_file: Path) -> str | None:

@@ -272,24 +272,28 @@ class GRPOTrainer(Trainer):
         was_training = self.model.training
         self.model.eval()
         try:
-            return self._run_rollouts(prompts, num_generations)
+            return self._take_rollout(self._run_rollouts(prompts, num_generations))
         finally:
             self.model.train(was_training)
 
-    def _run_rollouts(self, prompts: Sequence[Any], num_generations: int | None = None, *, check: bool = True) -> list[Trajectory]:
+    def _take_rollout(self, result: Any) -> list[Trajectory]:
+        """A finished batch's trajectories; its invariant counts become this step's metrics (on the
+        thread that trains, never from a background rollout)."""
+        self._invariant_failures = int(result.stats["invariant_violations"])
+        self._invariant_check_s = float(result.stats["invariant_check_s"])
+        return result.trajectories
+
+    def _run_rollouts(self, prompts: Sequence[Any], num_generations: int | None = None) -> Any:
         """One batch through the run's scheduler with the run's sampling, concurrency, timeout and
         observers (:func:`rlcore.loop.rollout_batch`, the loop API's rollout step), checked batch-wide
-        once; no change of this trainer's module mode (the Ray trainer's background prefetch calls it
-        too). ``check`` is kept for callers; the batch check always runs."""
-        result = rollout_batch(
+        once; no change of this trainer's module mode and no run state written (the Ray trainer's
+        background prefetch calls it too). Returns the rollout result (trajectories and stats)."""
+        return rollout_batch(
             self.scheduler_obj, list(prompts), num_generations=num_generations or self.args.num_generations,
             sampling_params=sampling_params(self.args), observers=tuple(self.args.observers or ()),
             concurrency=self.args.rollout_concurrency, timeout=self.args.rollout_timeout,
             tokenizer=self.processing_class,
         )
-        self._invariant_failures = int(result.stats["invariant_violations"])
-        self._invariant_check_s = float(result.stats["invariant_check_s"])
-        return result.trajectories
 
     def _score(self, trajs: list[Trajectory]) -> tuple[Any, dict[str, list[float | None]], AdvantageStats]:
         context = RewardContext(trainer_state=self.state, log_metric=self._log_reward_metric, log_extra=self._log_reward_extra,

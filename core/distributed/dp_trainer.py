@@ -96,7 +96,7 @@ class RayGRPOTrainer(GRPOTrainer):
             self._prefetch(self._next_prompts())
         else:
             t0 = time.perf_counter()
-            trajs = self._pending.result()
+            trajs = self._take_rollout(self._pending.result())
             self._dist_metrics["async/wait_seconds"] = time.perf_counter() - t0
             self._prefetch(prompts)
         version = int(self.state.global_step)
@@ -122,11 +122,11 @@ class RayGRPOTrainer(GRPOTrainer):
             self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rlcore-prefetch")
         self._pending = self._executor.submit(self._rollout_remote, list(prompts))
 
-    def _rollout_remote(self, prompts: list[Any]) -> list[Trajectory]:
+    def _rollout_remote(self, prompts: list[Any]) -> Any:
         """``GRPOTrainer.rollout`` without its eval()/train() toggling: the samplers are remote, and
         flipping the module's mode from this thread would race the training step on the main one.
-        Each trajectory is checked as it ends (the batch check writes run state the main thread owns)."""
-        return self._run_rollouts(prompts, check=True)
+        The result's counts become metrics when the main thread takes it (``_take_rollout``)."""
+        return self._run_rollouts(prompts)
 
     def _finish_prefetch(self) -> None:
         if self._pending is not None:

@@ -4,11 +4,11 @@ path) and with bare-number replies."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rlcore.testing import load_script
 
 from rl_plugin_openenv.testing import ServerProcess
 
@@ -16,11 +16,7 @@ EXAMPLE = Path(__file__).resolve().parents[4] / "examples" / "openenv" / "loop.p
 
 
 def _example() -> Any:
-    spec = importlib.util.spec_from_file_location("openenv_example_loop", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(EXAMPLE)
 
 
 @pytest.fixture(scope="module")

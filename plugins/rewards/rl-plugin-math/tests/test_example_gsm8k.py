@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rlcore.testing import load_script
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
 EXAMPLE = REPO_ROOT / "examples" / "gsm8k"
 
 
 def _example_module() -> Any:
-    spec = importlib.util.spec_from_file_location("gsm8k_example_train", EXAMPLE / "train.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(EXAMPLE / "train.py", "gsm8k_example_train")
 
 
 def test_config_is_the_seed_001_recipe() -> None:

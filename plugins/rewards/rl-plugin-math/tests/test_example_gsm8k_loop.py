@@ -3,23 +3,19 @@ from the same seed, on the CPU with the tiny model, the same loss and the same g
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from rlcore.testing import load_script
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
 EXAMPLE = REPO_ROOT / "examples" / "gsm8k" / "loop.py"
 
 
 def _loop_module() -> Any:
-    spec = importlib.util.spec_from_file_location("gsm8k_example_loop", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(EXAMPLE)
 
 
 def token_spread(completion_ids: list[list[int]]) -> list[float]:

@@ -314,9 +314,14 @@ class ToolScheduler(MultiTurnScheduler):
             return True
         return not self.tool_manager.parse(response_choice.message.content)
 
+    def manager_for(self, trajectory: Trajectory) -> ToolManager:
+        """The tools ``trajectory``'s calls run against (one manager for all; a subclass may give
+        each trajectory its own, e.g. the methods of its environment)."""
+        return self.tool_manager
+
     async def step(self, infer_request: Trajectory, response_choice: Completion, current_turn: int) -> dict[str, Any]:
         stats: dict[str, int] = {}
-        replies = await self.tool_manager.run(response_choice.message.content, stats)
+        replies = await self.manager_for(infer_request).run(response_choice.message.content, stats)
         infer_request.messages.extend(replies)
         infos = infer_request.infos
         infos["tool_timeouts"] = int(infos.get("tool_timeouts", 0)) + stats.get("tool_timeouts", 0)

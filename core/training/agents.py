@@ -94,10 +94,14 @@ class TRLToolScheduler(ToolScheduler):
 
     name = "trl_tools"
 
-    def on_trajectory_start(self, trajectories: list[Trajectory]) -> None:
+    @staticmethod
+    def count_from_zero(trajectories: list[Trajectory]) -> None:
         for t in trajectories:
             t.infos.setdefault("tool_calls", 0)
             t.infos.setdefault("tool_errors", 0)
+
+    def on_trajectory_start(self, trajectories: list[Trajectory]) -> None:
+        self.count_from_zero(trajectories)
         super().on_trajectory_start(trajectories)
 
 
@@ -133,7 +137,6 @@ class EnvironmentToolScheduler(TRLToolScheduler):
             if type(probe) not in self.environment_types:
                 self.environment_types.append(type(probe))
         self.environment_factory = environment_factory
-        self.environment_type = self.environment_types[0]
         self.environments: dict[str, Any] = {}
         super().__init__(sampler, tools=ToolManager(list(union.values())), **kwargs)
 
@@ -141,9 +144,7 @@ class EnvironmentToolScheduler(TRLToolScheduler):
         return self.environments.get(trajectory.uuid)
 
     def on_trajectory_start(self, trajectories: list[Trajectory]) -> None:
-        for t in trajectories:
-            t.infos.setdefault("tool_calls", 0)
-            t.infos.setdefault("tool_errors", 0)
+        self.count_from_zero(trajectories)
         self.environments = {}
         tok = self._require_tokenizer()
         handed: dict[Any, int] = {}
@@ -169,15 +170,10 @@ class EnvironmentToolScheduler(TRLToolScheduler):
             if t.status == "running" and t.messages:
                 t.prompt_ids = encode_prompt(tok, t.messages, tools=self.tools_for(t))
 
-    async def step(self, infer_request: Trajectory, response_choice: Any, current_turn: int) -> dict[str, Any]:
-        env = self.environment_for(infer_request)
-        manager = ToolManager(self._standalone + env_methods(env)) if env is not None else self.tool_manager
-        replies = await manager.run(response_choice.message.content)
-        infer_request.messages.extend(replies)
-        infos = infer_request.infos
-        infos["tool_calls"] = int(infos.get("tool_calls", 0)) + len(replies)
-        infos["tool_errors"] = int(infos.get("tool_errors", 0)) + sum(1 for r in replies if str(r["content"]).startswith("Error:"))
-        return {"infer_request": infer_request}
+    def manager_for(self, trajectory: Trajectory) -> ToolManager:
+        """The trajectory's own environment's methods (and the standalone tools)."""
+        env = self.environment_for(trajectory)
+        return ToolManager(self._standalone + env_methods(env)) if env is not None else self.tool_manager
 
 
 def placeholder_rows(args: Any, environment_factory: Any) -> list[dict[str, Any]]:
@@ -202,9 +198,13 @@ def environment_reward_types(environment_factory: Any) -> list[type]:
     out: list[type] = []
     for factory in factories:
         kind = factory if inspect.isclass(factory) else (type(factory()) if callable(factory) else None)
-        if kind is not None and callable(getattr(kind, "get_reward", None)) and kind not in out:
+        if kind is not None and _owns_reward(kind) and kind not in out:
             out.append(kind)
     return out
+
+
+def _owns_reward(env_type: type) -> bool:
+    return callable(getattr(env_type, "get_reward", None))
 
 
 def environment_rewards(scheduler: Any) -> list[Any]:
@@ -213,11 +213,8 @@ def environment_rewards(scheduler: Any) -> list[Any]:
     from ..rewards import as_reward
 
     out = []
-    for env_type in getattr(scheduler, "environment_types", None) or []:
-        get_reward = getattr(env_type, "get_reward", None)
-        if not callable(get_reward):
-            continue
-        if inspect.iscoroutinefunction(get_reward):
+    for env_type in filter(_owns_reward, getattr(scheduler, "environment_types", None) or []):
+        if inspect.iscoroutinefunction(env_type.get_reward):
             async def env_reward(environments: list[Any], _t: type = env_type, **_: Any) -> list[Any]:
                 return [await _t.get_reward(e) if type(e) is _t else None for e in environments]
         else:
@@ -229,6 +226,8 @@ def environment_rewards(scheduler: Any) -> list[Any]:
 
 #: what TRL requires of a rollout_func's output
 ROLLOUT_FUNC_KEYS = ("prompt_ids", "completion_ids", "logprobs")
+#: the keys with one token-aligned entry per completion; every other key is a reward column
+_PER_COMPLETION_KEYS = (*ROLLOUT_FUNC_KEYS, "env_mask", "logprob_token_ids")
 
 
 class RolloutFuncScheduler(RolloutScheduler):
@@ -260,7 +259,7 @@ class RolloutFuncScheduler(RolloutScheduler):
         if missing:
             raise ConfigError(f"{who} must return keys {missing} in its output dict (TRL's contract)")
         n = len(trajectories)
-        for key in (*ROLLOUT_FUNC_KEYS, "env_mask", "logprob_token_ids"):
+        for key in _PER_COMPLETION_KEYS:
             value = out.get(key)
             if value is not None and (not isinstance(value, (list, tuple)) or len(value) != n):
                 got = len(value) if isinstance(value, (list, tuple)) else type(value).__name__
@@ -270,7 +269,7 @@ class RolloutFuncScheduler(RolloutScheduler):
             self._outputs[t.uuid] = {k: (v[i] if isinstance(v, (list, tuple)) and len(v) == n else v)
                                      for k, v in out.items()}
             for key, value in out.items():  # TRL: every other key reaches the rewards as a column
-                if key not in (*ROLLOUT_FUNC_KEYS, "env_mask", "logprob_token_ids"):
+                if key not in _PER_COMPLETION_KEYS:
                     t.data[key] = value[i] if isinstance(value, list) and i < len(value) else value
 
     async def run(self, infer_request: Trajectory, request_config: Any = None, **kwargs: Any) -> Trajectory:
@@ -320,7 +319,7 @@ def _sampled_logprobs(logprobs: Any, token_ids: Any, ids: list[int]) -> Any:
     first entry is the sampled token (TRL's vLLM shape); ``logprob_token_ids``, when given, must name
     the sampled token first — else the logprobs belong to other tokens and the string says so."""
     out: list[float | None] = []
-    for j, lp in enumerate(logprobs or []):
+    for lp in logprobs or []:
         if isinstance(lp, (list, tuple)):
             lp = lp[0] if lp else None
         out.append(None if lp is None or (isinstance(lp, float) and math.isnan(lp)) else float(lp))

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU set, in one short run on a CUDA machine (target: under 6 minutes on one H200):
 #   1. the sampler tests (both decode paths, CUDA graphs) on CUDA
-#   2. sampler throughput, qwen2-0.5b shape, bf16: 64x128 and 256x256, hf (graphs) vs dynamic vs model.generate
-#   3. where a graph step's time goes (decode_profile.py)
+#   2. sampler throughput, qwen2-0.5b shape, bf16: 64x128 and 256x256, hf (graphs + fused forward) vs graphs
+#      over the model's own forward vs dynamic vs model.generate
+#   3. where a graph step's time goes (decode_profile.py), fused forward and model forward
 #   4. one GRPO step rlcore vs TRL 1.16, qwen2-0.5b shape, 8 prompts x 8 x 256 tokens, fp32 then bf16
 #   5. the trainer / algorithms tests on CUDA
 # Every stage has its own time limit and the whole script a deadline (stages that would start past
@@ -14,7 +15,7 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results/gpu}
 mkdir -p "$OUT"
-DEADLINE=${GPU_SH_SECONDS:-330}
+DEADLINE=${GPU_SH_SECONDS:-360}
 START=$(date +%s)
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
 export RLCORE_CACHE=${RLCORE_CACHE:-/tmp/rlcore-cache}
@@ -51,10 +52,11 @@ stage() {  # stage NAME LIMIT_S CMD...
 
 # only the plugins these tests need: the image's other pytest plugins need not match the carried pytest
 PYTEST="env PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python3 -m pytest -q -p pytest_asyncio.plugin -p pytest_timeout --timeout 90"
-stage "sampler tests (cuda)" 100 $PYTEST tests/test_sampling_hf_static.py tests/test_sampling_hf.py tests/test_sampling_processing.py
-stage "sampler throughput" 120 python3 bench/sampler_throughput.py --sizes qwen2-0.5b --device cuda --dtype bfloat16 \
-  --work 64x128 256x256 --modes batched dynamic generate --repeats 2 --out "$OUT/sampler_throughput_gpu"
-stage "decode profile" 45 python3 bench/decode_profile.py --shape qwen2-0.5b --dtype bfloat16 --buckets 64 256
+stage "sampler tests (cuda)" 100 $PYTEST tests/test_sampling_hf_static.py tests/test_sampling_hf_fused.py \
+  tests/test_sampling_hf.py tests/test_sampling_processing.py
+stage "sampler throughput" 150 python3 bench/sampler_throughput.py --sizes qwen2-0.5b --device cuda --dtype bfloat16 \
+  --work 64x128 256x256 --modes batched static_model dynamic generate --repeats 2 --out "$OUT/sampler_throughput_gpu"
+stage "decode profile" 60 python3 bench/decode_profile.py --shape qwen2-0.5b --dtype bfloat16 --buckets 64 256
 GRPO="python3 bench/grpo_step.py --shape qwen2-0.5b --prompts 8 --num-generations 8 --max-completion-length 256 --steps 2 --warmup 1"
 stage "grpo step fp32" 80 $GRPO --out "$OUT/grpo_step_gpu_fp32"
 stage "grpo step bf16" 80 $GRPO --bf16 --out "$OUT/grpo_step_gpu_bf16"

@@ -6,6 +6,9 @@ trajectories waiting on their next turn, ``T`` tokens each) it measures generate
 - ``batched``    — ``HFSampler`` as shipped: concurrent requests gathered into one batch (on CUDA
   the static cache + CUDA-graph decode path, on CPU the dynamic loop);
 - ``dynamic``    — the same sampler forced onto the dynamic loop (``decode="dynamic"``);
+- ``static``     — forced onto the static path (``decode="static"``: graphs on CUDA, eager on CPU),
+  with the fused decode forward for Llama-family models (:mod:`rlcore.sampling.hf_fused`);
+- ``static_model`` — the static path running the model's own forward (``fused_decode=False``);
 - ``one_by_one`` — the sampler with ``max_batch_size=1`` (a forward loop per request; its
   throughput does not depend on how many wait, so at most ``--serial-cap`` requests are timed);
 - ``generate``   — ``model.generate`` on the left-padded batch (sampling, fixed length);
@@ -111,6 +114,9 @@ def bench_size(size: str, work: list[tuple[int, int]], modes: list[str], a: argp
     samplers = {
         "batched": lambda: HFSampler(model, tok, batch_window_ms=5, max_batch_size=biggest, num_threads=threads),
         "dynamic": lambda: HFSampler(model, tok, batch_window_ms=5, max_batch_size=biggest, num_threads=threads, decode="dynamic"),
+        "static": lambda: HFSampler(model, tok, batch_window_ms=5, max_batch_size=biggest, num_threads=threads, decode="static"),
+        "static_model": lambda: HFSampler(model, tok, batch_window_ms=5, max_batch_size=biggest, num_threads=threads,
+                                          decode="static", fused_decode=False),
         "one_by_one": lambda: HFSampler(model, tok, max_batch_size=1, num_threads=threads),
     }
     live: dict[str, HFSampler] = {}
@@ -196,7 +202,7 @@ def main() -> None:
     ap.add_argument("--work", nargs="+", default=None, metavar="CxT",
                     help="concurrency x tokens pairs, e.g. 64x128 256x256 (instead of --levels/--max-tokens)")
     ap.add_argument("--modes", nargs="+", default=["batched", "one_by_one", "continuous"],
-                    choices=["batched", "dynamic", "one_by_one", "generate", "continuous"])
+                    choices=["batched", "dynamic", "static", "static_model", "one_by_one", "generate", "continuous"])
     ap.add_argument("--no-plot", action="store_true", help="write the JSON only")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--dtype", default="float32")

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from ..types import Completion
 from .batcher import BatchHandle
+from .hf_fused import FusedDecode, unsupported
 from .hf_decode import DecodeHost, Request, prefill, stop_checker
 from .processing import counter_uniforms, needs_truncation, row_tensors, sample_step, seed_words
 
@@ -135,8 +136,12 @@ class StaticEngine:
     """The static cache, the per-slot sampling state and the captured graphs. Owned by the sampler
     and kept across batches (graphs are captured once per bucket and sampling features)."""
 
-    def __init__(self, sampler: DecodeHost, use_graphs: bool) -> None:
+    def __init__(self, sampler: DecodeHost, use_graphs: bool, fused: bool = True) -> None:
         self.s = sampler
+        self.want_fused = fused
+        self.fused: FusedDecode | None = None  # the few-kernel forward, when the model is one it knows
+        self.fused_why: str | None = "not checked yet"
+        self.fused_state: tuple = ()
         self.dev = sampler.device
         self.vocab = sampler.vocab_size
         self.use_graphs = use_graphs and self.dev.type == "cuda"
@@ -160,6 +165,16 @@ class StaticEngine:
         if fp != self.fingerprint:
             self._drop_graphs()
             self.fingerprint = fp
+        # the module tree (hooks, adapters) and the forward (accelerate's autocast wrapper) can change
+        # under the same tensors: decided per batch
+        why = unsupported(self.s.model) if self.want_fused else "fused_decode=False"
+        state = (why, vars(self.s.model).get("forward"))
+        if state != self.fused_state:
+            if why is not None and self.want_fused:
+                log.info("hf sampler: static decode runs the model's own forward (%s)", why)
+            self._drop_graphs()
+            self.fused_state, self.fused_why = state, why
+            self.fused = FusedDecode(self.s.model, self.dev) if why is None else None
 
     def _drop_graphs(self) -> None:
         """Forget every captured graph, and their memory pool: a pool whose graphs are gone may still
@@ -193,15 +208,19 @@ class StaticEngine:
             "seen": torch.zeros((new_cap, V), dtype=torch.bool, device=dev),
             "stop_mask": torch.zeros((new_cap, V), dtype=torch.bool, device=dev),
             "out_tok": torch.zeros(new_cap, dtype=torch.long, device=dev), "out_lp": torch.zeros(new_cap, device=dev),
+            # the uniform of each row's every draw, from its seed: a step gathers one instead of hashing
+            "uniforms": torch.zeros((new_cap, new_len), dtype=torch.float32, device=dev),
         }
+        self.cols = torch.arange(new_len, device=dev)
         if live and self.kv_shape == shape:
             old_len = self.max_len
             for new, old in zip(self.k + self.v, old_k + old_v):
                 new[:live, :, :old_len] = old[:live]
             for name, t in st.items():
-                t[:live] = old_state[name][:live]
+                if name != "uniforms":
+                    t[:live] = old_state[name][:live]
+            st["uniforms"][:live] = self._uniforms(st["seed_lo"][:live], st["seed_hi"][:live])
         self.state = st
-        self.cols = torch.arange(new_len, device=dev)
         self.slot_ids = torch.arange(new_cap, device=dev)
         self.neg = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=dev)
         self.cap, self.max_len, self.kv_shape = new_cap, new_len, shape
@@ -228,8 +247,10 @@ class StaticEngine:
         st["logits"][idx] = logits.float()
         for name in ("temperature", "greedy", "top_k", "top_p", "min_p", "rep"):
             st[name][idx] = rows[name].to(st[name].dtype)
-        st["seed_lo"][idx] = torch.tensor([s[0] for s in seeds], device=self.dev)
-        st["seed_hi"][idx] = torch.tensor([s[1] for s in seeds], device=self.dev)
+        lo = torch.tensor([s[0] for s in seeds], device=self.dev)
+        hi = torch.tensor([s[1] for s in seeds], device=self.dev)
+        st["seed_lo"][idx], st["seed_hi"][idx] = lo, hi
+        st["uniforms"][idx] = self._uniforms(lo, hi)
         st["n_gen"][idx] = 0
         st["pos"][idx] = torch.tensor(lens, device=self.dev)
         st["min_tokens"][idx] = torch.tensor(min_tokens, device=self.dev)
@@ -247,6 +268,11 @@ class StaticEngine:
         for t in self.k + self.v + list(self.state.values()):
             t[d] = t[s]
 
+    def _uniforms(self, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+        """``[n, max_len]``: draw ``t`` of each row (seed words ``lo``/``hi`` ``[n]``) at column ``t``,
+        the same :func:`counter_uniforms` the dynamic loop hashes step by step."""
+        return counter_uniforms(lo.unsqueeze(1), hi.unsqueeze(1), self.cols.unsqueeze(0))
+
     # --- one step ----------------------------------------------------------------------------------
     def _step(self, b: int, flags: tuple[bool, bool, bool]) -> None:
         """Sample the next token of slots ``[:b]`` from their logits, then run the forward over it.
@@ -255,7 +281,8 @@ class StaticEngine:
         st = self.state
         rows = {k: st[k][:b] for k in ("temperature", "greedy", "top_k", "top_p", "min_p", "rep")}
         n_gen = st["n_gen"][:b]
-        u = counter_uniforms(st["seed_lo"][:b], st["seed_hi"][:b], n_gen)
+        # junk slots inside the bucket may count past the table: clamped (their draws are discarded)
+        u = st["uniforms"][:b].gather(1, n_gen.clamp(max=self.max_len - 1).unsqueeze(1)).squeeze(1)
         banned = st["stop_mask"][:b] & (n_gen < st["min_tokens"][:b]).unsqueeze(1) if ban else None
         seen = st["seen"][:b] if rep else None
         tok, lp = sample_step(st["logits"][:b], rows, u, seen, banned, truncation=trunc)
@@ -267,10 +294,14 @@ class StaticEngine:
         # free slots inside the bucket decode junk; clamp keeps their writes inside their own slot
         pos = st["pos"][:b].clamp(max=self.max_len - 1)
         mask = torch.where(self.cols.unsqueeze(0) <= pos.unsqueeze(1), 0.0, self.neg).to(self.neg.dtype)
-        cache = SlotCache([k[:b] for k in self.k], [v[:b] for v in self.v], self.slot_ids[:b], pos)
-        out = self.s.model(input_ids=tok.unsqueeze(1), attention_mask=mask[:, None, None, :], position_ids=pos.unsqueeze(1),
-                           use_cache=True, **{self.s.cache_kwarg: cache})
-        st["logits"][:b].copy_(out.logits[:, -1])
+        keys, values = [k[:b] for k in self.k], [v[:b] for v in self.v]
+        if self.fused is not None:
+            logits = self.fused(tok, pos, mask[:, None, None, :], keys, values, self.slot_ids[:b])
+        else:
+            cache = SlotCache(keys, values, self.slot_ids[:b], pos)
+            logits = self.s.model(input_ids=tok.unsqueeze(1), attention_mask=mask[:, None, None, :],
+                                  position_ids=pos.unsqueeze(1), use_cache=True, **{self.s.cache_kwarg: cache}).logits[:, -1]
+        st["logits"][:b].copy_(logits)
         st["pos"][:b].add_(1)
 
     def step(self, b: int, flags: tuple[bool, bool, bool]) -> None:
@@ -383,7 +414,8 @@ class StaticDecoder:
         for j, (i, p) in enumerate(zip(indices, params)):
             self.checkers[i], self.params[i], self.issued[i] = checkers[j], p, 0
             self.meta[i] = {"prompt_tokens": lens[j], "batch_size": first + n, "joined_at_step": self.step,
-                            "decode": "cuda_graph" if self.e.use_graphs else "static"}
+                            "decode": "cuda_graph" if self.e.use_graphs else "static",
+                            "forward": "fused" if self.e.fused is not None else "model"}
         self.live += indices
         self._set_flags()
 

@@ -1,0 +1,209 @@
+"""The static path's fused decode forward (:mod:`rlcore.sampling.hf_fused`) against the models' own
+forward: every family it claims (qwen2, qwen3, llama with biases and scaled RoPE, mistral), rows of
+different lengths, bf16, accelerate-style autocast, and the models it must leave alone.
+
+The step is checked directly (logits of the next token over a cache of real prefills vs a full
+forward of the sequence) and through the sampler (fused vs the model's forward vs the dynamic loop:
+same tokens, same logprobs, with rows joining mid-batch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import MethodType
+
+import pytest
+import torch
+
+from rlcore import SamplingParams
+from rlcore.sampling.hf import HFSampler
+from rlcore.sampling.hf_fused import FusedDecode, forward_autocast, rotate_half_matrix, rotation, unsupported
+from rlcore.sampling.hf_static import _layer_kv
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def build(arch: str, vocab: int, dtype: torch.dtype = torch.float32):
+    """A small random model of ``arch`` (built offline), in eval mode."""
+    import transformers
+    from rlcore.demo import tiny_model_path
+
+    if arch in ("qwen2", "qwen3"):
+        return transformers.AutoModelForCausalLM.from_pretrained(tiny_model_path(arch=arch), dtype=dtype).eval()
+    common = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  vocab_size=vocab, max_position_embeddings=512)
+    if arch == "llama":  # biases everywhere (the unfused residual path) and linearly scaled RoPE
+        config = transformers.LlamaConfig(attention_bias=True, mlp_bias=True,
+                                          rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}, **common)
+    else:
+        config = transformers.MistralConfig(sliding_window=None, head_dim=16, **common)
+    torch.manual_seed(1)
+    return transformers.AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+
+
+def prompts_for(tok) -> list[list[int]]:
+    texts = ["how many apples", "north or south", "the dealer has an ace and the player has a ten, what now", "12 + 7 ="]
+    return [tok.encode(t, add_special_tokens=False) for t in texts]
+
+
+def fused_step(model, prompts: list[list[int]], columns: int = 64, prefill=None) -> torch.Tensor:
+    """Logits of each prompt's last token from the fused step, over a static cache holding the real
+    prefill (by ``prefill``, default ``model``) of the tokens before it (each row at its own length,
+    as the static path lays them out)."""
+    n, layers = len(prompts), model.config.num_hidden_layers
+    keys: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+    with torch.inference_mode():
+        for j, p in enumerate(prompts):
+            out = (prefill or model)(torch.tensor([p[:-1]]), use_cache=True)
+            kv = _layer_kv(getattr(out, "cache", None) or out.past_key_values)
+            if not keys:
+                _, hkv, _, d = kv[0][0].shape
+                keys = [torch.zeros((n, hkv, columns, d), dtype=kv[0][0].dtype) for _ in range(layers)]
+                values = [torch.zeros_like(k) for k in keys]
+            for (k, v), (kc, vc) in zip(kv, zip(keys, values)):
+                kc[j, :, : len(p) - 1] = k[0]
+                vc[j, :, : len(p) - 1] = v[0]
+        pos = torch.tensor([len(p) - 1 for p in prompts])
+        neg = torch.finfo(keys[0].dtype).min
+        mask = torch.where(torch.arange(columns)[None] <= pos[:, None], 0.0, neg).to(keys[0].dtype)
+        tok = torch.tensor([p[-1] for p in prompts])
+        return FusedDecode(model, torch.device("cpu"))(tok, pos, mask[:, None, None, :], keys, values, torch.arange(n)).float()
+
+
+def full_forward(model, prompts: list[list[int]]) -> torch.Tensor:
+    with torch.inference_mode():
+        return torch.stack([model(torch.tensor([p])).logits[0, -1].float() for p in prompts])
+
+
+def test_rotation_matrix_is_rotate_half_rope() -> None:
+    torch.manual_seed(0)
+    x, cos, sin = torch.randn(3, 5, 8), torch.randn(3, 8), torch.randn(3, 8)
+    half = torch.cat((-x[..., 4:], x[..., :4]), dim=-1)
+    assert torch.equal(x @ rotate_half_matrix(8, torch.float32, x.device), half)
+    expected = x * cos[:, None] + half * sin[:, None]
+    assert torch.allclose(torch.bmm(x, rotation(cos, sin)), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama", "mistral"])
+def test_fused_step_equals_the_models_forward(arch: str, tok) -> None:
+    model = build(arch, len(tok))
+    assert unsupported(model) is None
+    prompts = prompts_for(tok)
+    got, ref = fused_step(model, prompts), full_forward(model, prompts)
+    assert ref.abs().max() > 0.1  # real logits, not a degenerate model
+    assert (got - ref).abs().max() < 1e-4, arch
+
+
+def test_bf16_fused_step_is_as_close_to_float32_as_the_models_bf16_forward(tok) -> None:
+    prompts = prompts_for(tok)
+    exact = full_forward(build("qwen2", len(tok)), prompts)
+    bf16 = build("qwen2", len(tok), torch.bfloat16)
+    err_model = (full_forward(bf16, prompts) - exact).abs().max().item()
+    err_fused = (fused_step(bf16, prompts) - exact).abs().max().item()
+    assert 0 < err_fused <= 2 * err_model + 1e-3, (err_fused, err_model)
+
+
+def test_autocast_wrapped_forward_is_followed(tok) -> None:
+    """accelerate's mixed precision wraps ``model.forward`` in autocast (``Accelerator.prepare_model``,
+    accelerate 1.15): the fused step must compute under the same autocast, not in float32."""
+    from accelerate.utils import convert_outputs_to_fp32
+
+    prompts = prompts_for(tok)
+    model, plain = build("qwen2", len(tok)), build("qwen2", len(tok))
+    assert forward_autocast(model, torch.device("cpu")) is None
+    model.forward = MethodType(convert_outputs_to_fp32(torch.autocast("cpu", dtype=torch.bfloat16)(model.forward.__func__)), model)
+    assert forward_autocast(model, torch.device("cpu")) is torch.bfloat16
+    # the same float32 cache for both, so only the step itself can differ
+    exact_step, autocast_step = fused_step(plain, prompts, prefill=plain), fused_step(model, prompts, prefill=plain)
+    assert (exact_step - full_forward(plain, prompts)).abs().max() < 1e-4
+    gap = (autocast_step - exact_step).abs().max().item()
+    assert gap > 1e-3  # the step ran under bf16 autocast, not in float32
+    # and the wrapped model's own forward is as far from float32 as the fused step under autocast
+    err_wrapped = (full_forward(model, prompts) - full_forward(plain, prompts)).abs().max().item()
+    assert gap <= 2 * err_wrapped + 1e-3, (gap, err_wrapped)
+
+
+async def _run(sampler: HFSampler, prompts, params, stagger: float = 0.0) -> list:
+    async def one(i: int):
+        await asyncio.sleep(stagger * i)
+        return await sampler.generate(prompts[i], params[i])
+
+    try:
+        return await asyncio.gather(*(one(i) for i in range(len(prompts))))
+    finally:
+        await sampler.close()
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+async def test_sampler_fused_matches_model_forward_and_dynamic_loop(arch: str, tok) -> None:
+    model = build(arch, len(tok))
+    prompts = prompts_for(tok) * 2
+    params = [SamplingParams(max_tokens=6 + 3 * i, temperature=[1.0, 0.7, 0.0, 1.2][i % 4], seed=7 + i,
+                             top_p=[1.0, 0.9][i % 2], repetition_penalty=[1.0, 1.1][i % 2], stop_token_ids=[-1])
+              for i in range(len(prompts))]
+    runs = {
+        "fused": await _run(HFSampler(model, tok, decode="static", batch_window_ms=5, join_window_ms=1), prompts, params, 0.02),
+        "model": await _run(HFSampler(model, tok, decode="static", fused_decode=False, batch_window_ms=5, join_window_ms=1),
+                            prompts, params, 0.02),
+        "dynamic": await _run(HFSampler(model, tok, decode="dynamic", batch_window_ms=30), prompts, params),
+    }
+    assert {c.meta["forward"] for c in runs["fused"]} == {"fused"}
+    assert {c.meta["forward"] for c in runs["model"]} == {"model"}
+    assert any(c.meta["joined_at_step"] > 0 for c in runs["fused"])  # rows did join a running batch
+    for other in ("model", "dynamic"):
+        for a, b in zip(runs["fused"], runs[other]):
+            assert a.token_ids == b.token_ids, other
+            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4, other
+
+
+def test_models_it_does_not_know_are_left_to_their_own_forward(tiny_model_dir: str, tok) -> None:
+    import peft
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    lora = peft.get_peft_model(base, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    assert "LoRA" in unsupported(lora.base_model.model)
+    gpt2 = AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
+    assert "gpt2" in unsupported(gpt2)
+
+
+async def test_a_hooked_model_runs_its_own_forward_until_the_hook_goes(tiny_model_dir: str, tok) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    calls = []
+    handle = model.model.layers[0].mlp.register_forward_hook(lambda *a: calls.append(1))
+    assert "hooks" in unsupported(model)
+    prompts = prompts_for(tok)
+    params = [SamplingParams(max_tokens=5, seed=i, stop_token_ids=[-1]) for i in range(len(prompts))]
+    sampler = HFSampler(model, tok, decode="static", batch_window_ms=30)
+    hooked = await asyncio.gather(*(sampler.generate(p, q) for p, q in zip(prompts, params)))
+    assert {c.meta["forward"] for c in hooked} == {"model"} and len(calls) >= 5  # the hook saw every step
+    handle.remove()
+    fused = await asyncio.gather(*(sampler.generate(p, q) for p, q in zip(prompts, params)))
+    await sampler.close()
+    assert {c.meta["forward"] for c in fused} == {"fused"}
+    assert [c.token_ids for c in fused] == [c.token_ids for c in hooked]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+async def test_cuda_graphs_of_the_fused_step_match_graphs_of_the_models_forward(arch: str, tok) -> None:
+    model = build(arch, len(tok)).to("cuda")
+    prompts = prompts_for(tok) * 4
+    params = [SamplingParams(max_tokens=12, temperature=[1.0, 0.0][i % 2], seed=i, stop_token_ids=[-1]) for i in range(len(prompts))]
+    fused_sampler = HFSampler(model, tok, batch_window_ms=30)
+    fused = await _run(fused_sampler, prompts, params)
+    plain = await _run(HFSampler(model, tok, batch_window_ms=30, fused_decode=False), prompts, params)
+    assert fused_sampler._engine.captures > 0
+    assert {(c.meta["decode"], c.meta["forward"]) for c in fused} == {("cuda_graph", "fused")}
+    assert {(c.meta["decode"], c.meta["forward"]) for c in plain} == {("cuda_graph", "model")}
+    for a, b in zip(fused, plain):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4

@@ -10,6 +10,7 @@ kernel on CUDA (torch >= 2.9), while the CPU runs it as six.
 
     python bench/decode_ops.py                                  # qwen2-0.5b shape, bf16, 8 rows
     python bench/decode_ops.py --shape tiny --dtype float32
+    python bench/decode_ops.py --lora 16 --out bench/results/decode_ops_lora   # PEFT LoRA on every projection
 
 Writes ``bench/results/decode_ops.json`` and ``.png`` (or ``--out``).
 """
@@ -135,7 +136,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     for i, n in enumerate(names):
         ax.text(i, bottom[i], f"{result[n]['total']} ({result[n]['per_layer']:.1f}/layer)", ha="center", va="bottom")
     ax.set_ylabel("device operations per decode step")
-    ax.set_title(f"{result['shape']} {result['dtype']}, {result['rows']} rows: one static-path step")
+    lora = f", LoRA r={result['lora_rank']}" if result.get("lora_rank") else ""
+    ax.set_title(f"{result['shape']} {result['dtype']}{lora}, {result['rows']} rows: one static-path step")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -147,12 +149,19 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--rows", type=int, default=8)
+    ap.add_argument("--lora", type=int, default=0, metavar="R",
+                    help="wrap the model in PEFT LoRA adapters of rank R on all seven projections (a colocated LoRA run)")
     ap.add_argument("--out", default=str(RESULTS / "decode_ops"))
     a = ap.parse_args()
     model, tok = load_model(a.shape, a.device, a.dtype)
     layers = model.config.num_hidden_layers
+    if a.lora:
+        import peft
+
+        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        model = peft.get_peft_model(model, peft.LoraConfig(r=a.lora, target_modules=targets)).eval()
     result: dict[str, Any] = {"shape": a.shape, "dtype": a.dtype, "device": a.device, "rows": a.rows, "layers": layers,
-                              "torch": torch.__version__}
+                              "lora_rank": a.lora, "torch": torch.__version__}
     for name, fused in (("model", False), ("fused", True)):
         ops = count_step(model, tok, a.rows, fused)
         total = sum(ops.values())

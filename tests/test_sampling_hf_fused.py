@@ -162,15 +162,87 @@ async def test_sampler_fused_matches_model_forward_and_dynamic_loop(arch: str, t
             assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4, other
 
 
-def test_models_it_does_not_know_are_left_to_their_own_forward(tiny_model_dir: str, tok) -> None:
+def lora_model(tiny_model_dir: str, dtype: torch.dtype = torch.float32, **kw):
     import peft
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=dtype)
+    torch.manual_seed(3)
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj", "gate_proj", "down_proj"],
+                             init_lora_weights=False, **kw)  # random B: the adapters change the logits
+    return peft.get_peft_model(base, config).eval()
+
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CUDA the sampler tests below run CUDA graphs
+
+
+def test_lora_adapters_are_part_of_the_fused_step(tiny_model_dir: str, tok) -> None:
+    """A colocated LoRA run samples from the PEFT model itself: the fused step adds each active
+    adapter's ``B(A(x))·scaling`` as PEFT 0.21's ``lora.Linear.forward`` does."""
+    model = lora_model(tiny_model_dir)
+    assert unsupported(model) is None
+    prompts = prompts_for(tok)
+    with_adapters = full_forward(model, prompts)
+    with model.disable_adapter():
+        assert "disabled" in unsupported(model)
+        without = full_forward(model, prompts)
+    assert (with_adapters - without).abs().max() > 0.1  # the adapters matter
+    assert (fused_step(model, prompts) - with_adapters).abs().max() < 1e-4
+    model.merge_adapter()  # merged into the base weights: the adapters are not added twice
+    assert (fused_step(model, prompts) - with_adapters).abs().max() < 1e-4
+    model.unmerge_adapter()
+
+
+def test_float32_adapters_over_a_bf16_base(tiny_model_dir: str, tok) -> None:
+    """PEFT keeps adapters in float32 over a bf16 base (autocast_adapter_dtype): the fused step adds
+    them in float32 and rounds once, as PEFT does."""
+    prompts = prompts_for(tok)
+    exact = full_forward(lora_model(tiny_model_dir), prompts)
+    model = lora_model(tiny_model_dir, torch.bfloat16)
+    a = model.base_model.model.model.layers[0].self_attn.q_proj
+    assert a.base_layer.weight.dtype == torch.bfloat16 and a.lora_A["default"].weight.dtype == torch.float32
+    err_model = (full_forward(model, prompts) - exact).abs().max().item()
+    err_fused = (fused_step(model, prompts) - exact).abs().max().item()
+    assert 0 < err_fused <= 2 * err_model + 1e-3, (err_fused, err_model)
+
+
+async def test_lora_sampler_fuses_and_follows_a_scaling_change(tiny_model_dir: str, tok) -> None:
+    """On CUDA a captured graph bakes the LoRA scale in: a new scale must drop the graphs."""
+    model = lora_model(tiny_model_dir).to(DEVICE)
+    prompts = prompts_for(tok)
+    params = [SamplingParams(max_tokens=6, seed=i, stop_token_ids=[-1]) for i in range(len(prompts))]
+
+    async def both() -> tuple[list, list]:
+        fused = HFSampler(model, tok, decode="static", batch_window_ms=30)
+        plain = HFSampler(model, tok, decode="static", fused_decode=False, batch_window_ms=30)
+        return await _run(fused, prompts, params), await _run(plain, prompts, params)
+
+    fused, plain = await both()
+    assert {c.meta["forward"] for c in fused} == {"fused"}
+    assert [c.token_ids for c in fused] == [c.token_ids for c in plain]
+    sampler = HFSampler(model, tok, decode="static", batch_window_ms=30)
+    first = await asyncio.gather(*(sampler.generate(p, q) for p, q in zip(prompts, params)))
+    engine = sampler._engine
+    for m in model.modules():  # a new LoRA scale (peft's set_scale): the next batch must see it
+        if hasattr(m, "scaling") and isinstance(m.scaling, dict) and "default" in m.scaling:
+            m.scaling["default"] *= 4
+    scaled = await asyncio.gather(*(sampler.generate(p, q) for p, q in zip(prompts, params)))
+    await sampler.close()
+    fused4, plain4 = await both()
+    assert sampler._engine is engine and [c.logprobs for c in scaled] == [c.logprobs for c in fused4]
+    assert [c.token_ids for c in fused4] == [c.token_ids for c in plain4]
+    assert [c.logprobs for c in scaled] != [c.logprobs for c in first]
+
+
+def test_models_it_does_not_know_are_left_to_their_own_forward(tiny_model_dir: str, tok) -> None:
     from transformers import AutoModelForCausalLM, GPT2Config
 
-    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    lora = peft.get_peft_model(base, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
-    assert "LoRA" in unsupported(lora.base_model.model)
+    assert "variant" in unsupported(lora_model(tiny_model_dir, use_dora=True))
     gpt2 = AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
     assert "gpt2" in unsupported(gpt2)
+    llama = build("llama", len(tok))
+    llama.model.layers[1].mlp.up_proj = torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(64, 96))
+    assert "layer 1" in unsupported(llama)
 
 
 async def test_a_hooked_model_runs_its_own_forward_until_the_hook_goes(tiny_model_dir: str, tok) -> None:

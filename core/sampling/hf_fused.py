@@ -11,7 +11,8 @@ in ~16 kernels per layer:
 - the rotary embedding of every head of a row is one batched matmul with that row's rotation matrix,
   built once per step for all layers (rotate-half and the two products become one ``bmm``; the sum
   of the two non-zero terms is rounded once instead of twice);
-- the residual adds ride on the output projections (``addmm``);
+- the residual adds ride on the output projections (``addmm``), and a LoRA adapter's ``B(A(x))·s``
+  is one ``mm`` plus one ``addmm`` on the projection's output (PEFT LoRA layers, not merged);
 - grouped-query attention is one ``scaled_dot_product_attention`` with the query heads of a KV head
   as that head's query rows (KV heads are not repeated), as :func:`~rlcore.sampling.hf_static`'s
   decode attention does.
@@ -39,9 +40,16 @@ from torch import nn
 FAMILIES = {"llama": False, "mistral": False, "qwen2": False, "qwen3": True}  # value: has q_norm/k_norm
 
 
+def causal_lm(model: Any) -> Any:
+    """The transformers causal LM inside ``model`` (a PEFT model's base model, LoRA layers in place)."""
+    get = getattr(model, "get_base_model", None)
+    return get() if callable(get) else model
+
+
 def unsupported(model: Any) -> str | None:
     """Why :class:`FusedDecode` cannot run ``model``, or None when it can."""
-    config = getattr(model, "config", None)
+    lm = causal_lm(model)
+    config = getattr(lm, "config", None)
     kind = getattr(config, "model_type", None)
     if kind not in FAMILIES:
         return f"model type {kind!r} is not one of {sorted(FAMILIES)}"
@@ -49,13 +57,14 @@ def unsupported(model: Any) -> str | None:
         return f"activation {getattr(config, 'hidden_act', None)!r} is not silu"
     if (getattr(config, "pretraining_tp", 1) or 1) > 1:
         return "pretraining_tp > 1 splits the projections"
-    base = getattr(model, "model", None)
-    lm_head = getattr(model, "lm_head", None)
-    if base is None or type(lm_head) is not nn.Linear:
-        return f"{type(model).__name__} is not a plain causal LM over a base model (a wrapped or quantized model?)"
+    base = getattr(lm, "model", None)
+    if base is None or _projection_why(getattr(lm, "lm_head", None)) is not None:
+        return f"{type(lm).__name__} is not a plain causal LM over a base model (a wrapped or quantized model?)"
     rotary = getattr(base, "rotary_emb", None)
+    if rotary is None:
+        return f"{type(base).__name__} has no rotary_emb module"
     rope_type = str(getattr(rotary, "rope_type", "default"))
-    if rotary is None or "dynamic" in rope_type or "longrope" in rope_type:
+    if "dynamic" in rope_type or "longrope" in rope_type:
         return f"rope type {rope_type!r} changes with the sequence length (a host-side decision per step)"
     if type(getattr(base, "embed_tokens", None)) is not nn.Embedding or not _is_norm(getattr(base, "norm", None)):
         return "the embedding or the final norm is not a plain module"
@@ -63,8 +72,10 @@ def unsupported(model: Any) -> str | None:
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
         linears = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
         linears += [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
-        if any(type(m) is not nn.Linear for m in linears):
-            return f"layer {i}'s projections are not plain nn.Linear (LoRA adapters, quantization)"
+        for m in linears:
+            why = _projection_why(m)
+            if why is not None:
+                return f"layer {i}: {why}"
         norms = [getattr(layer, "input_layernorm", None), getattr(layer, "post_attention_layernorm", None)]
         if FAMILIES[kind]:
             norms += [getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)]
@@ -78,6 +89,44 @@ def unsupported(model: Any) -> str | None:
     if nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks:
         return "global forward hooks are registered (this forward would bypass them)"
     return None
+
+
+def _is_lora(m: Any) -> bool:
+    return type(m).__module__.startswith("peft.tuners.lora") and hasattr(m, "base_layer") and hasattr(m, "lora_A")
+
+
+def _projection_why(m: Any) -> str | None:
+    """Why projection ``m`` is not one the fused forward computes: a plain ``nn.Linear``, or PEFT's
+    LoRA ``Linear`` over one with plain low-rank adapters (no DoRA or other variant)."""
+    if type(m) is nn.Linear:
+        return None
+    if not _is_lora(m):
+        return f"{type(m).__name__} is not nn.Linear or a LoRA Linear (quantized or custom layers)"
+    if type(m.base_layer) is not nn.Linear or getattr(m, "fan_in_fan_out", False):
+        return f"LoRA over {type(m.base_layer).__name__} (quantized or transposed)"
+    if getattr(m, "disable_adapters", False):
+        return "LoRA adapters are disabled (the module unmerges them on its next forward)"
+    variants = getattr(m, "lora_variant", {}) or {}
+    for name in _active(m):
+        if name in variants or (getattr(m, "use_dora", {}) or {}).get(name):
+            return f"LoRA adapter {name!r} is a variant (DoRA, ...)"
+        if type(m.lora_A[name]) is not nn.Linear or type(m.lora_B[name]) is not nn.Linear:
+            return f"LoRA adapter {name!r} is not a pair of nn.Linear"
+    return None
+
+
+def _active(m: Any) -> list[str]:
+    """The LoRA adapters ``m``'s forward adds (none when merged into the base weight)."""
+    if getattr(m, "merged", False):
+        return []
+    return [a for a in m.active_adapters if a in m.lora_A.keys()]
+
+
+def adapter_state(model: Any) -> tuple:
+    """What a graph of the fused step bakes in besides tensors: each LoRA layer's active adapters and
+    scalings (a change must drop the graphs)."""
+    return tuple((tuple(_active(m)), tuple(float(m.scaling[a]) for a in _active(m)))
+                 for m in model.modules() if _is_lora(m))
 
 
 def _is_norm(m: Any) -> bool:
@@ -129,7 +178,7 @@ def forward_autocast(model: Any, device: torch.device) -> torch.dtype | None:
         kind = device.type
         seen["dtype"] = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
 
-    handle = model.model.layers[0].register_forward_pre_hook(look)
+    handle = causal_lm(model).model.layers[0].register_forward_pre_hook(look)
     try:
         with torch.inference_mode():
             model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device), use_cache=False)
@@ -142,9 +191,9 @@ class FusedDecode:
     """One decode step (one new token per row) of a supported model over the static slot cache."""
 
     def __init__(self, model: Any, device: torch.device) -> None:
-        self.model = model
-        self.base = model.model
-        self.qk_norm = FAMILIES[model.config.model_type]
+        self.model = causal_lm(model)
+        self.base = self.model.model
+        self.qk_norm = FAMILIES[self.model.config.model_type]
         self.autocast = forward_autocast(model, device)
         self._perm: dict[tuple, torch.Tensor] = {}
 
@@ -174,9 +223,10 @@ class FusedDecode:
             attn, mlp = layer.self_attn, layer.mlp
             d = attn.head_dim
             x = rms_norm(h, layer.input_layernorm)
-            q = _linear(x, attn.q_proj).view(b, -1, d)
-            k = _linear(x, attn.k_proj).view(b, -1, d)
-            v = _linear(x, attn.v_proj).view(b, -1, d)
+            casts: dict = {}
+            q = _residual_linear(None, x, attn.q_proj, fuse_residual, casts).view(b, -1, d)
+            k = _residual_linear(None, x, attn.k_proj, fuse_residual, casts).view(b, -1, d)
+            v = _residual_linear(None, x, attn.v_proj, fuse_residual, casts).view(b, -1, d)
             if self.qk_norm:
                 q, k = rms_norm(q, attn.q_norm), rms_norm(k, attn.k_norm)
             r = rots.get(q.dtype)
@@ -190,18 +240,43 @@ class FusedDecode:
                                                  attn_mask=mask, scale=attn.scaling)
             h = _residual_linear(h, out.reshape(b, -1), attn.o_proj, fuse_residual)
             x = rms_norm(h, layer.post_attention_layernorm)
-            act = F.silu(_linear(x, mlp.gate_proj)).mul_(_linear(x, mlp.up_proj))
+            act = F.silu(_residual_linear(None, x, mlp.gate_proj, fuse_residual, casts))
+            act = act.mul_(_residual_linear(None, x, mlp.up_proj, fuse_residual, casts))
             h = _residual_linear(h, act, mlp.down_proj, fuse_residual)
-        return _linear(rms_norm(h, base.norm), self.model.lm_head)
+        return _residual_linear(None, rms_norm(h, base.norm), self.model.lm_head, fuse_residual)
 
 
-def _linear(x: torch.Tensor, m: nn.Linear) -> torch.Tensor:
-    return F.linear(x, m.weight, m.bias)
+def _residual_linear(h: torch.Tensor | None, x: torch.Tensor, m: Any, fuse: bool, casts: dict | None = None) -> torch.Tensor:
+    """``h + m(x)`` (``m(x)`` when ``h`` is None): one ``addmm`` when the dtypes agree, and one more
+    ``mm`` + ``addmm`` per active LoRA adapter (``B(A(x)) * scaling``). Under autocast the residual
+    stream keeps its own dtype, as the modules' ``residual + out`` does. ``casts`` shares the cast of
+    an input to the adapters' dtype between the projections that read it."""
+    lin = m.base_layer if _is_lora(m) else m
+    w, bias = lin.weight, lin.bias
+    if h is not None and fuse and bias is None and h.dtype == x.dtype == w.dtype:
+        y = torch.addmm(h, x, w.t())
+    else:
+        y = F.linear(x, w, bias)
+        if h is not None:
+            y = h + y
+    if lin is m:
+        return y
+    out_dtype = y.dtype
+    for name in _active(m):
+        a, b, scale = m.lora_A[name], m.lora_B[name], m.scaling[name]
+        t = F.linear(_cast(x, a.weight.dtype, casts), a.weight, a.bias)
+        if fuse and b.bias is None and y.dtype == t.dtype == b.weight.dtype:
+            y = torch.addmm(y, t, b.weight.t(), alpha=scale)
+        else:  # PEFT adds in the promoted dtype (float32 adapters over a bf16 base) and casts back once
+            y = y + F.linear(t, b.weight, b.bias) * scale
+    return y.to(out_dtype)
 
 
-def _residual_linear(h: torch.Tensor, x: torch.Tensor, m: nn.Linear, fuse: bool) -> torch.Tensor:
-    """``h + m(x)``: one ``addmm`` when the dtypes agree (under autocast the residual stream keeps its
-    own dtype, as the modules' ``residual + out`` does)."""
-    if fuse and m.bias is None and h.dtype == x.dtype == m.weight.dtype:
-        return torch.addmm(h, x, m.weight.t())
-    return h + _linear(x, m)
+def _cast(x: torch.Tensor, dtype: torch.dtype, casts: dict | None) -> torch.Tensor:
+    """``x.to(dtype)``, made once per input when several projections read it (q/k/v, gate/up)."""
+    if x.dtype == dtype or casts is None:
+        return x.to(dtype)
+    hit = casts.get((id(x), dtype))
+    if hit is None or hit[0] is not x:
+        hit = casts[(id(x), dtype)] = (x, x.to(dtype))
+    return hit[1]

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from ..types import Completion
 from .batcher import BatchHandle
-from .hf_fused import FusedDecode, unsupported
+from .hf_fused import FusedDecode, adapter_state, unsupported
 from .hf_decode import DecodeHost, Request, prefill, stop_checker
 from .processing import counter_uniforms, needs_truncation, row_tensors, sample_step, seed_words
 
@@ -165,10 +165,10 @@ class StaticEngine:
         if fp != self.fingerprint:
             self._drop_graphs()
             self.fingerprint = fp
-        # the module tree (hooks, adapters) and the forward (accelerate's autocast wrapper) can change
-        # under the same tensors: decided per batch
+        # the module tree (hooks, adapters, their scalings) and the forward (accelerate's autocast
+        # wrapper) can change under the same tensors: decided per batch
         why = unsupported(self.s.model) if self.want_fused else "fused_decode=False"
-        state = (why, vars(self.s.model).get("forward"))
+        state = (why, vars(self.s.model).get("forward"), adapter_state(self.s.model) if why is None else ())
         if state != self.fused_state:
             if why is not None and self.want_fused:
                 log.info("hf sampler: static decode runs the model's own forward (%s)", why)

@@ -149,11 +149,12 @@ def bench_size(size: str, work: list[tuple[int, int]], modes: list[str], a: argp
             tps = [t / s for t, s in runs]
             row.update(tokens=runs[0][0], seconds=round(statistics.median(s for _, s in runs), 3),
                        tokens_per_s=round(statistics.median(tps), 1), runs_tokens_per_s=[round(x, 1) for x in tps])
-            if mode == "batched":
-                eng = live[mode]._engine
+            eng = getattr(live.get(mode), "_engine", None)  # (an older rlcore, compared side by side, has none)
+            if mode in ("batched", "static", "static_model"):
                 row["decode"] = "cuda_graph" if eng is not None and eng.use_graphs else ("static" if eng else "dynamic")
                 if eng is not None:
                     row["graphs"] = eng.captures
+                    row["forward"] = "fused" if getattr(eng, "fused", None) is not None else "model"
             rows.append(row)
             if save is not None:
                 save(rows)  # after every row: a run stopped by a time limit keeps what it measured

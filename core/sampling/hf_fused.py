@@ -1,11 +1,11 @@
 """A decode-step forward for Llama-family models in few kernels, for the static path.
 
 Why: inside a CUDA graph a decode step of a small model costs what its *kernels* cost, not what its
-weights cost. transformers' modules spend ~44 kernels per layer on a one-token step (RMSNorm as six
-elementwise ops plus casts, rotary as ten, the residual adds apart from their matmuls); on a
-Qwen2-0.5B shape that was ~1,100 kernels and 3.7 ms per step on an H200, against 0.24 ms to read the
-weights. This forward computes the same function over the same parameters and the static slot cache
-in ~16 kernels per layer:
+weights cost. transformers' modules spend ~42 operations per layer on a one-token step (RMSNorm as
+six elementwise ops plus casts, rotary as ten, the residual adds apart from their matmuls); on a
+Qwen2-0.5B shape that is ~1,000 kernels per step (3.7 ms on an H200, against 0.24 ms to read the
+weights). This forward computes the same function over the same parameters and the static slot
+cache in ~16 operations per layer (``bench/decode_ops.py`` counts them):
 
 - RMSNorm is ``F.rms_norm`` (one fused kernel on CUDA, same formula as the modules' on the CPU);
 - the rotary embedding of every head of a row is one batched matmul with that row's rotation matrix,
@@ -18,8 +18,9 @@ in ~16 kernels per layer:
   decode attention does.
 
 A model whose ``forward`` was wrapped in autocast (accelerate's mixed precision) gets the same
-autocast here (:func:`forward_autocast`). It reads the model's parameters at every call (a graph captured over it follows in-place updates;
-replaced tensors are caught by the static engine's fingerprint). It is used only for models it
+autocast here (:func:`forward_autocast`). It reads the model's parameters at every call (a graph
+captured over it follows in-place updates; replaced tensors are caught by the static engine's
+fingerprint, changed LoRA scalings by :func:`adapter_state`). It is used only for models it
 knows module by module — :func:`unsupported` says why not otherwise, and the static path then runs
 the model's own forward, which is always correct. Numerics: in float32 it agrees with the model's
 forward to float rounding; in bf16 it differs by bf16 rounding of a different order of operations,

@@ -279,3 +279,33 @@ async def test_cuda_graphs_of_the_fused_step_match_graphs_of_the_models_forward(
     for a, b in zip(fused, plain):
         assert a.token_ids == b.token_ids
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+
+
+@pytest.mark.parametrize("fault", ["wrong_rope", "raises"])
+async def test_a_fused_step_that_fails_its_self_check_is_not_used(fault: str, tiny_model_dir: str, tok, monkeypatch, caplog) -> None:
+    """Before its first step the engine checks the fused forward against the model's own (a torch or
+    transformers version whose internals differ must cost speed, not correctness): faults injected."""
+    import logging
+
+    from rlcore.sampling import hf_fused
+    from transformers import AutoModelForCausalLM
+
+    if fault == "wrong_rope":  # a rotary embedding that silently forgot the sine term
+        monkeypatch.setattr(hf_fused, "rotation", lambda cos, sin, perm=None: torch.diag_embed(cos))
+    else:
+        def boom(*args, **kwargs):
+            raise RuntimeError("no kernel image is available for execution on the device")
+
+        monkeypatch.setattr(hf_fused.FusedDecode, "_forward", boom)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    prompts = prompts_for(tok)
+    params = [SamplingParams(max_tokens=5, seed=i, stop_token_ids=[-1]) for i in range(len(prompts))]
+    sampler = HFSampler(model, tok, decode="static", batch_window_ms=30)
+    with caplog.at_level(logging.WARNING, logger="rlcore.sampling.hf_static"):
+        outs = await _run(sampler, prompts, params)
+    assert {c.meta["forward"] for c in outs} == {"model"}
+    assert sampler._engine.fused_why.startswith("self-check: ")
+    assert any("fused decode forward is off" in r.getMessage() for r in caplog.records)
+    monkeypatch.undo()
+    reference = await _run(HFSampler(model, tok, decode="static", fused_decode=False, batch_window_ms=30), prompts, params)
+    assert [c.token_ids for c in outs] == [c.token_ids for c in reference]

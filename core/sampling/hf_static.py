@@ -175,6 +175,50 @@ class StaticEngine:
             self._drop_graphs()
             self.fused_state, self.fused_why = state, why
             self.fused = FusedDecode(self.s.model, self.dev) if why is None else None
+            failed = self._verify_fused() if self.fused is not None else None
+            if failed is not None:
+                log.warning("hf sampler: the fused decode forward is off for this model (%s); decoding with the "
+                            "model's own forward", failed)
+                self.fused, self.fused_why = None, f"self-check: {failed}"
+
+    def _verify_fused(self) -> str | None:
+        """Why the fused forward cannot be trusted with this model on this device, or None.
+
+        One fused step over a two-row cache of real prefills, against the model's own forward of the
+        same tokens: run once per model state, before any step, so a torch/transformers version whose
+        kernels or module internals differ from what the fused forward assumes costs speed, never
+        correctness."""
+        model, dev, fused = self.s.model, self.dev, self.fused
+        assert fused is not None
+        seqs = [[(7 * i + 3) % self.vocab for i in range(n)] for n in (3, 6)]
+        try:
+            ref, kvs = [], []
+            for seq in seqs:
+                ref.append(model(input_ids=torch.tensor([seq], device=dev), use_cache=False).logits[0, -1].float())
+                out = model(input_ids=torch.tensor([seq[:-1]], device=dev), use_cache=True)
+                kvs.append(_layer_kv(getattr(out, "cache", None) or getattr(out, "past_key_values", None)))
+            cols = 8
+            _, hkv, _, d = kvs[0][0][0].shape
+            dtype = kvs[0][0][0].dtype
+            keys = [torch.zeros((2, hkv, cols, d), dtype=dtype, device=dev) for _ in kvs[0]]
+            values = [torch.zeros_like(k) for k in keys]
+            for j, (seq, kv) in enumerate(zip(seqs, kvs)):
+                for (k, v), (kc, vc) in zip(kv, zip(keys, values)):
+                    kc[j, :, : len(seq) - 1] = k[0].to(dtype)
+                    vc[j, :, : len(seq) - 1] = v[0].to(dtype)
+            pos = torch.tensor([len(seq) - 1 for seq in seqs], device=dev)
+            mask = torch.where(torch.arange(cols, device=dev)[None] <= pos[:, None], 0.0, torch.finfo(dtype).min).to(dtype)
+            tok = torch.tensor([seq[-1] for seq in seqs], device=dev)
+            got = fused(tok, pos, mask[:, None, None, :], keys, values, torch.arange(2, device=dev)).float()
+        except Exception as exc:  # noqa: BLE001 - a fused step that cannot run here falls back, it does not fail
+            return f"its check step raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        want = torch.stack(ref)
+        err, scale = (got - want).abs().max().item(), max(want.abs().max().item(), 1.0)
+        half = dtype in (torch.float16, torch.bfloat16) or fused.autocast is not None
+        limit = (0.05 if half else 1e-3) * scale
+        if not err <= limit:  # NaN fails too
+            return f"its logits differ from the model's forward by {err:.3g} (limit {limit:.3g})"
+        return None
 
     def _drop_graphs(self) -> None:
         """Forget every captured graph, and their memory pool: a pool whose graphs are gone may still

@@ -67,8 +67,12 @@ def check_trajectory(
     tools: list[dict[str, Any]] | None = None,
     require_logprobs: bool | None = None,
     closing: str | None = None,
+    memo: dict[Any, str] | None = None,
 ) -> list[Violation]:
     """Every invariant ``traj`` breaks (empty when it is sound).
+
+    ``memo`` (a dict kept across one batch) shares the prompt's rendering and decoding between the
+    trajectories of a group, which have the same prompt.
 
     ``require_logprobs``: True — every mask-1 token needs one; None (default) — all or none (a
     backend that returns no logprobs at all is allowed: importance-sampling correction is then off
@@ -102,8 +106,15 @@ def check_trajectory(
         return out
     n_prompt = prompt_message_count(traj)
     try:
-        want_prompt = tk.render(tokenizer, traj.messages[:n_prompt], add_generation_prompt=True, tools=tools)
-        have_prompt = tk.decode(tokenizer, traj.prompt_ids)
+        memo = {} if memo is None else memo
+        key = ("render", repr(traj.messages[:n_prompt]), repr(tools))
+        want_prompt = memo.get(key)
+        if want_prompt is None:
+            want_prompt = memo[key] = tk.render(tokenizer, traj.messages[:n_prompt], add_generation_prompt=True, tools=tools)
+        key = ("decode", tuple(traj.prompt_ids))
+        have_prompt = memo.get(key)
+        if have_prompt is None:
+            have_prompt = memo[key] = tk.decode(tokenizer, traj.prompt_ids)
         # a prompt cut to max_prompt_length keeps its last tokens: a suffix of the rendering is sound
         if not prompt_matches(tokenizer, traj.messages[:n_prompt], traj.prompt_ids, have_prompt, want_prompt):
             out.append(Violation(traj.uuid, "prompt",
@@ -145,6 +156,7 @@ def check_batch(
     out: list[Violation] = []
     closing: str | None = None
     seen: dict[str, int] = {}
+    memo: dict[Any, str] = {}
     for t in trajectories:
         if t.uuid in seen:
             out.append(Violation(t.uuid, "uuid", f"uuid {t.uuid} is used by {seen[t.uuid] + 1} trajectories"))
@@ -154,7 +166,7 @@ def check_batch(
                 closing = tk.generic_assistant_closing(tokenizer, tools=tools)
             except tk.ChatTemplateError:
                 closing = ""
-        out.extend(check_trajectory(t, tokenizer, tools=tools, require_logprobs=require_logprobs, closing=closing))
+        out.extend(check_trajectory(t, tokenizer, tools=tools, require_logprobs=require_logprobs, closing=closing, memo=memo))
     return out
 
 

@@ -56,7 +56,7 @@ stage "sampler tests (cuda)" 100 $PYTEST tests/test_sampling_hf_static.py tests/
   tests/test_sampling_hf.py tests/test_sampling_processing.py
 stage "sampler throughput" 150 python3 bench/sampler_throughput.py --sizes qwen2-0.5b --device cuda --dtype bfloat16 \
   --work 64x128 256x256 --modes batched static_model dynamic generate --repeats 2 --out "$OUT/sampler_throughput_gpu"
-stage "decode profile" 60 python3 bench/decode_profile.py --shape qwen2-0.5b --dtype bfloat16 --buckets 64 256
+stage "decode profile" 60 python3 bench/decode_profile.py --shape qwen2-0.5b --dtype bfloat16 --buckets 64 256 --out "$OUT/decode_profile_gpu"
 GRPO="python3 bench/grpo_step.py --shape qwen2-0.5b --prompts 8 --num-generations 8 --max-completion-length 256 --steps 2 --warmup 1"
 stage "grpo step fp32" 80 $GRPO --out "$OUT/grpo_step_gpu_fp32"
 stage "grpo step bf16" 80 $GRPO --bf16 --out "$OUT/grpo_step_gpu_bf16"
@@ -72,6 +72,9 @@ for name in ("sampler_throughput_gpu.json",):
     p = out / name
     for r in (json.loads(p.read_text())["results"] if p.exists() else []):
         print(f"sampler {r['concurrency']}x{r['max_tokens']} {r['mode']:>9}: " + (f"{r['tokens_per_s']:>9.0f} tok/s {r.get('runs_tokens_per_s', '')}" if "tokens_per_s" in r else r.get("error", "")))
+p = out / "decode_profile_gpu.json"
+for r in (json.loads(p.read_text())["rows"] if p.exists() else []):
+    print(f"decode {r['forward']:>5} forward, {r['bucket']:>3} rows: replay {r['replay_ms']:.3f} ms/step, end-to-end {r['end_to_end_tok_s']:>8.0f} tok/s")
 for prec in ("fp32", "bf16"):
     p = out / f"grpo_step_gpu_{prec}.json"
     if p.exists():

@@ -62,6 +62,32 @@ def test_stop_checker_rules(tiny_model_dir: str) -> None:
     assert c3.add(ids[0], -1.0) and c3.finish_reason == "stop"
 
 
+def test_fast_decoder_spells_what_decode_spells(tiny_model_dir: str) -> None:
+    """Stop strings are checked with :func:`rlcore.chat_template.decoder` (the Rust tokenizer called
+    directly): it must give exactly ``tokenizer.decode(ids, skip_special_tokens=False)`` — special
+    tokens, byte fragments of multi-byte characters, anything — and a tokenizer it cannot vouch for
+    (space clean-up on) keeps its own ``decode``."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from rlcore.chat_template import _fast_decoder, decoder
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    assert _fast_decoder(tok) is not None  # the tiny tokenizer takes the fast path
+    fast = decoder(tok)
+    rng = random.Random(0)
+    texts = ["naïve café — 数学 😀 <|im_end|>\n", "the answer is 42. done", "  spaces  and\ttabs\n\n"]
+    seqs = [tok.encode(t, add_special_tokens=False) for t in texts]
+    seqs += [[rng.randrange(len(tok)) for _ in range(rng.randrange(1, 20))] for _ in range(300)]  # fragments too
+    for ids in seqs:
+        for cut in range(len(ids) + 1):
+            assert fast(ids[cut:]) == tok.decode(ids[cut:], skip_special_tokens=False), ids[cut:]
+    cleaning = AutoTokenizer.from_pretrained(tiny_model_dir, clean_up_tokenization_spaces=True)
+    assert _fast_decoder(cleaning) is None
+    assert decoder(cleaning)(seqs[1]) == cleaning.decode(seqs[1], skip_special_tokens=False)
+
+
 def test_micro_batcher_gathers_and_reports_failures() -> None:
     seen: list[list[int]] = []
     gate = threading.Event()

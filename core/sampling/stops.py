@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from ..chat_template import decoder
+
 
 class StopChecker:
     """Tracks one request's generated tokens and decides when it is finished."""
@@ -30,6 +32,7 @@ class StopChecker:
         self.min_tokens = min_tokens
         # a stop string of L characters is spanned by at most L (+ a few partial-byte) tokens
         self._window = max((len(s) for s in self.stop), default=0) + 4
+        self._decode = decoder(tokenizer) if self.stop and tokenizer is not None else None
         self.token_ids: list[int] = []
         self.logprobs: list[float] = []
         self.finish_reason: str | None = None
@@ -48,8 +51,8 @@ class StopChecker:
             if token_id in self.stop_token_ids:
                 self.finish_reason, self.matched_stop = "stop", int(token_id)
                 return True
-            if self.stop and self.tokenizer is not None:
-                tail = self.tokenizer.decode(self.token_ids[-self._window:], skip_special_tokens=False)
+            if self._decode is not None:
+                tail = self._decode(self.token_ids[-self._window:])
                 for s in self.stop:
                     if s in tail:
                         self.finish_reason, self.matched_stop = "stop", s

@@ -217,6 +217,10 @@ def build_plan(argv: Sequence[str]) -> TrainPlan:
         model = tiny_model_path()
     elif model.startswith((".", "/", "~")) and not os.path.exists(os.path.expanduser(model)):
         raise ConfigError(f"model path {model} does not exist; pass an existing directory or a Hugging Face id")
+    else:
+        from .training.components import check_model_dir
+
+        check_model_dir(model)  # a directory that is not a saved model: one line before anything loads
     if embedded is not None:
         if script.get("dataset_options"):
             raise ConfigError("--dataset-options needs --dataset SOURCE:SPEC (a registered dataset source)")

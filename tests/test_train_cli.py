@@ -146,3 +146,45 @@ def test_the_default_output_dir_moves_aside_when_taken(tmp_path: Any, monkeypatc
     (tmp_path / "rlcore-output" / "digits-2").mkdir()  # empty: free
     assert build_plan([]).args.output_dir == "rlcore-output/digits-2"
     assert build_plan(["--output_dir", "rlcore-output/digits", "--overwrite_output_dir", "true"]).args.output_dir == "rlcore-output/digits"
+
+
+def _one_line_error(argv: list[str], capsys: Any) -> str:
+    with pytest.raises(SystemExit) as exc:
+        main(["train", *argv])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and err[-1].startswith("Error: ") and not any("Traceback" in line for line in err), err
+    return err[-1]
+
+
+def test_a_model_that_cannot_load_is_one_line(tmp_path: Any, capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A directory that is not a saved model, one without tokenizer files, and a hub id that is
+    neither cached nor reachable were raw transformers tracebacks (or, without tokenizer files, a
+    run on an empty vocabulary)."""
+    import shutil
+
+    from rlcore.demo import tiny_model_path
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "not_a_model").mkdir()
+    err = _fails_before_model_load(["--model", str(tmp_path / "not_a_model")], capsys, monkeypatch)
+    assert "not_a_model has no config.json" in err, err
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    no_tokenizer = tmp_path / "weights_only"
+    no_tokenizer.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(os.path.join(tiny_model_path(), name), no_tokenizer / name)
+    err = _one_line_error(["--model", str(no_tokenizer), "--output-dir", "o1"], capsys)
+    assert "weights_only" in err and "no tokenizer files" in err, err
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    err = _one_line_error(["--model", "rlcore-tests/no-such-model", "--output-dir", "o2"], capsys)
+    assert "cannot load the tokenizer of 'rlcore-tests/no-such-model'" in err, err
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()  # nothing was started
+
+
+def test_policy_names_a_directory_that_is_not_a_model(tmp_path: Any) -> None:
+    from rlcore import ConfigError
+    from rlcore.loop import Policy
+    with pytest.raises(ConfigError, match="has no config.json"):
+        Policy(str(tmp_path))

@@ -104,7 +104,9 @@ class Policy:
         if isinstance(model, (str, os.PathLike)):
             from transformers import AutoModelForCausalLM
 
-            model = AutoModelForCausalLM.from_pretrained(str(model), dtype="auto")
+            from ..training.components import from_pretrained
+
+            model = from_pretrained(AutoModelForCausalLM, str(model), "model", dtype="auto")
         if disable_dropout:
             _no_dropout(model)
         if lora is not None and lora is not False:

@@ -30,13 +30,36 @@ def load_model(model: Any, args: GRPOConfig, quantization_config: Any = None) ->
             if "quantization_config" in kwargs:
                 raise ConfigError("quantization_config is given both to the trainer and in model_init_kwargs; give it once")
             kwargs["quantization_config"] = quantization_config
-        model = AutoModelForCausalLM.from_pretrained(model, **kwargs)
+        model = from_pretrained(AutoModelForCausalLM, model, "model", **kwargs)
     elif quantization_config is not None or args.model_init_kwargs:
         raise ConfigError("quantization_config / model_init_kwargs apply when the model is a path; "
                           "this model is already loaded (load it with those options yourself)")
     if args.disable_dropout:
         disable_dropout(model)
     return model
+
+
+def check_model_dir(path: str) -> None:
+    """A local directory given as a model must be one ``save_pretrained`` wrote: without its
+    ``config.json`` transformers fails deep inside the tokenizer or config loader instead."""
+    import os
+
+    path = os.path.expanduser(str(path))
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
+        raise ConfigError(f"model directory {path} has no config.json, so it is not a saved transformers model; "
+                          "pass a directory written by save_pretrained (or a checkpoint-N directory) or a Hugging Face id")
+
+
+def from_pretrained(loader: Any, path: Any, what: str, **kwargs: Any) -> Any:
+    """``loader.from_pretrained(path)`` with the failures a user causes (a path that is not a model,
+    a hub id that is neither cached nor reachable) as one :class:`ConfigError` line naming it."""
+    check_model_dir(path)
+    try:
+        return loader.from_pretrained(path, **kwargs)
+    except (OSError, ValueError) as exc:
+        reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise ConfigError(f"cannot load the {what} of {str(path)!r}: {reason} — pass a local model directory or a "
+                          "Hugging Face id that is cached (HF_HUB_OFFLINE=1) or reachable") from exc
 
 
 def disable_dropout(model: Any) -> None:
@@ -57,7 +80,10 @@ def load_tokenizer(model: Any, processing_class: Any) -> Any:
     path = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
     if not path:
         raise ConfigError("pass processing_class= (the tokenizer): the model has no path to load one from")
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = from_pretrained(AutoTokenizer, path, "tokenizer")
+    if len(tok) <= 1:  # transformers builds an empty tokenizer for a directory without tokenizer files
+        raise ConfigError(f"the tokenizer of {str(path)!r} has an empty vocabulary: the directory has no tokenizer files "
+                          "(tokenizer.json …); save it next to the model (tokenizer.save_pretrained) or, in Python, pass processing_class=")
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok

@@ -20,6 +20,8 @@ A reward that raises on a batch is retried one sample at a time; a sample that s
 ``None`` (ignored by advantages) and is counted in ``reward_errors/<name>``. The trainer stops the
 run when a reward raised on *every* sample of a batch (:class:`RewardFunctionError`, chained to the
 first exception so its traceback shows once): training on nothing must not look like training.
+A reward that returns other than one value per trajectory is a bug in the reward, not in a sample:
+it stops the run at once (:class:`RewardCountError`) instead of being retried per sample.
 """
 
 from __future__ import annotations
@@ -288,14 +290,21 @@ def _wanted(fn: Callable[..., Any], inputs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+class RewardCountError(RewardFunctionError, ValueError):
+    """A reward returned a number of values other than one per trajectory: a bug in the reward,
+    reported as such (never retried per sample, where a function that always returns one value
+    would look right)."""
+
+
 def _check(name: str, values: Any, n: int) -> list[float | None]:
     if not isinstance(values, (list, tuple)) and hasattr(values, "tolist"):
         values = values.tolist()
     if isinstance(values, (int, float)) and n == 1:
         values = [values]
     if not isinstance(values, (list, tuple)) or len(values) != n:
-        got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
-        raise ValueError(f"reward {name!r} returned {got} values for {n} trajectories")
+        got = f"{len(values)} value{'s' * (len(values) != 1)}" if isinstance(values, (list, tuple)) else f"a {type(values).__name__}"
+        raise RewardCountError(f"reward {name!r} returned {got} for {n} trajectories; a reward returns a list "
+                               "with one score (or None) per completion, in order")
     out: list[float | None] = []
     for v in values:
         if v is None:
@@ -318,6 +327,8 @@ async def score_reward(
     try:
         inputs = reward_inputs(trajectories, trainer_state, context)
         return _check(name, await to_thread_if_sync(fn, **_wanted(fn, inputs)), n), 0
+    except RewardCountError:
+        raise  # a contract bug, not a sample's: one sample at a time would hide it (1 value for 1 sample)
     except Exception as exc:  # noqa: BLE001 - retry per sample to find the culprit(s)
         if n == 1:
             if failures is not None:

@@ -103,3 +103,29 @@ async def test_reward_subclass_and_env_reward():
     trajs = _trajs()
     cols = await compute_rewards(RunHooks(as_reward("longest", Longest), env, observers=False), trajs)
     assert cols == {"longest": [0.0, 0.0, 1.0], "env_reward": [0.0, 1.0, 2.0]}
+
+
+async def test_a_wrong_number_of_values_stops_at_once_instead_of_passing_per_sample():
+    """A reward returning one value for the batch (a mean, a forgotten loop) used to be retried one
+    sample at a time, where one value per call looks right: every sample silently got it."""
+    import pytest
+
+    from rlcore import RewardFunctionError
+    from rlcore.rewards import RewardCountError
+
+    calls = []
+
+    def one_score(completions):
+        calls.append(len(completions))
+        return [1.0]
+
+    trajs = _trajs()
+    with pytest.raises(RewardFunctionError, match=r"reward 'one_score' returned 1 value for 3 trajectories; a reward returns"):
+        await compute_rewards(RunHooks(FunctionReward("one_score", one_score), observers=False), trajs)
+    assert calls == [3] and all("one_score" not in t.rewards for t in trajs)
+
+    def not_a_list(completions):
+        return {"score": 1.0}
+
+    with pytest.raises(RewardCountError, match="returned a dict for 3 trajectories"):
+        await compute_rewards(RunHooks(FunctionReward("not_a_list", not_a_list), observers=False), _trajs())

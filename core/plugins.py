@@ -162,6 +162,20 @@ class Plugins:
                 self.records[ep.name] = PluginRecord(ep.name, dist, version, False, error=_one_line(exc))
                 continue
             self.records[ep.name] = PluginRecord(ep.name, dist, version, False, module=plugin)
+        self._note_unknown_allowed({_normalize(_ep_dist(ep)) for ep in eps})
+
+    def _note_unknown_allowed(self, installed: set[str]) -> None:
+        """A name in ``RLCORE_PLUGINS`` that no installed distribution answers to (a typo, a package
+        not installed) is an error record, so ``rlcore plugins`` and every unknown-name error show
+        it instead of the run quietly loading nothing."""
+        missing = sorted((self.allow or set()) - installed - {"rlcore"})
+        known = ", ".join(sorted(installed - {"unknown"})) or "none"
+        for name in missing:
+            self.records[f"RLCORE_PLUGINS:{name}"] = PluginRecord(
+                name, name, None, False,
+                error=f"RLCORE_PLUGINS names {name!r}, but no installed distribution with an rlcore entry point is "
+                      f"called that (installed: {known}); pip install it or fix the name",
+            )
 
     def _run_registrations(self) -> None:
         for rec in self.records.values():

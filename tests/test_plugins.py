@@ -205,3 +205,16 @@ def test_rlcore_plugins_is_the_module_and_still_callable():
     assert as_imported is module is rlcore.plugins and isinstance(module, pytypes.ModuleType)
     assert rlcore.plugins() is module.plugins() and isinstance(rlcore.plugins(), Plugins)
     assert rlcore.plugins.get is rlcore.get
+
+
+def test_rlcore_plugins_naming_a_distribution_that_is_not_installed_is_shown():
+    """RLCORE_PLUGINS=rl-plugin-mth (a typo) used to load nothing without a word: `rlcore plugins`
+    said no plugins were installed and runs failed on names the intended package provides."""
+    p = Plugins(allow=["rl-plugin-math", "rl_plugin_mth", "rlcore"])
+    assert "gsm8k_accuracy" in p.available("reward")  # the real one still loads
+    broken = [r for r in p.list() if r.error]
+    assert [r.dist for r in broken] == ["rl-plugin-mth"], [r.error for r in broken]
+    assert "RLCORE_PLUGINS names 'rl-plugin-mth'" in broken[0].error and "rl-plugin-math" in broken[0].error
+    with pytest.raises(UnknownComponentError, match="RLCORE_PLUGINS names 'rl-plugin-mth'"):
+        p.get("reward", "no_such_reward_anywhere")
+    assert not [r for r in Plugins(allow=["rl-plugin-math", "rlcore"]).list() if r.error]

@@ -1,13 +1,14 @@
 """GRPO on GSM8K as a hand-written loop (seed 001, step for step, in rlcore's names).
 
-    python examples/gsm8k/loop.py                      # Qwen2.5-0.5B-Instruct, GSM8K from /work/shared/data
+    python examples/gsm8k/loop.py --data PATH/train.jsonl   # Qwen2.5-0.5B-Instruct on a local GSM8K copy
     python examples/gsm8k/loop.py --model PATH --steps 2 --max-tokens 16 --prompts-per-step 1
 
 The same recipe as ``config.yaml`` / ``train.py`` (GRPOTrainer); here every step of the loop is a
 line you can change. Comments name the seed's step each line stands for. GSM8K is read from
-``/work/shared/data/gsm8k/train.jsonl`` when present (or ``--data``), else a small generated set of
-GSM8K-style word problems. ``tests`` in rl-plugin-math run it for two steps on the CPU and hold it to
-GRPOTrainer: same loss, same gradients.
+``--data``, else from ``gsm8k/train.jsonl`` in the shared data folder (``$RLCORE_SHARED_DATA``, or
+``../shared/data`` next to the checkout) when it is there, else a small generated set of GSM8K-style
+word problems, which the script says it uses. ``tests`` in rl-plugin-math run it for two steps on
+the CPU and hold it to GRPOTrainer: same loss, same gradients.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import json
 import os
 import random
+import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -23,19 +25,32 @@ import rlcore
 from rlcore import SamplingParams
 from rlcore.loop import Policy, Rewards, Rollout, make_prompts, sync_weights
 
-SHARED_GSM8K = Path("/work/shared/data/gsm8k/train.jsonl")
+HERE = Path(__file__).resolve().parent
+
+
+def shared_gsm8k() -> Path:
+    """``gsm8k/train.jsonl`` in the shared data folder: ``$RLCORE_SHARED_DATA``, else ``../shared/data``
+    beside the repository (the layout this repository's tests use)."""
+    root = os.environ.get("RLCORE_SHARED_DATA") or HERE.parents[2] / "shared" / "data"
+    return Path(root) / "gsm8k" / "train.jsonl"
+
+
 SYSTEM_PROMPT = ('Solve the math word problem. Think step by step, then write the final answer on its own last '
                  'line in the form "#### <number>".')
 
 
 def load_gsm8k(path: str | os.PathLike[str] | None = None, limit: int | None = None) -> list[dict[str, Any]]:
-    """GSM8K rows (``question``, ``answer`` ending in ``#### N``): the given file, the shared copy,
-    or — when neither is there — generated problems in the same format."""
-    file = Path(path) if path else SHARED_GSM8K
-    if file.exists():
+    """GSM8K rows (``question``, ``answer`` ending in ``#### N``): the given file (which must exist),
+    the shared copy, or — when there is none — generated problems in the same format, said on stderr."""
+    if path and not Path(path).is_file():
+        raise rlcore.DatasetError(f"--data {path} is not a file; pass a GSM8K-format .jsonl (question, answer)")
+    file = Path(path) if path else shared_gsm8k()
+    if file.is_file():
         with file.open(encoding="utf-8") as f:
             rows = [json.loads(line) for line in f if line.strip()]
         return rows[:limit] if limit else rows
+    print(f"no GSM8K at {file} (pass --data or set RLCORE_SHARED_DATA): training on {limit or 64} generated "
+          "GSM8K-style problems", file=sys.stderr)
     rng = random.Random(0)
     rows = []
     for _ in range(limit or 64):
@@ -127,7 +142,7 @@ def train(
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="Qwen/Qwen2.5-0.5B-Instruct")
-    ap.add_argument("--data", default=None, help="a GSM8K-format .jsonl (default: the shared copy, else generated)")
+    ap.add_argument("--data", default=None, help="a GSM8K-format .jsonl (default: the shared copy, else generated problems)")
     ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--prompts-per-step", type=int, default=8)
     ap.add_argument("--num-generations", type=int, default=8)
@@ -135,7 +150,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--learning-rate", type=float, default=1e-6)
     ap.add_argument("--save-to", default=None)
     a = ap.parse_args(argv)
-    train(a.model, load_gsm8k(a.data), steps=a.steps, prompts_per_step=a.prompts_per_step,
+    try:
+        rows = load_gsm8k(a.data)
+    except rlcore.RlcoreError as exc:
+        ap.error(str(exc))  # one line and exit status 2, like rlcore's commands
+    train(a.model, rows, steps=a.steps, prompts_per_step=a.prompts_per_step,
           num_generations=a.num_generations, max_tokens=a.max_tokens, learning_rate=a.learning_rate, save_to=a.save_to)
 
 

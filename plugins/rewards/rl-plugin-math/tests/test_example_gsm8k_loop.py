@@ -85,3 +85,29 @@ def test_loop_example_matches_grpo_trainer(tiny_model_dir: str, tmp_path: Path) 
     loop_params = dict(loop_model.named_parameters())
     for name, p in trainer.model.named_parameters():
         assert torch.allclose(loop_params[name], p, atol=1e-6, rtol=0), name
+
+
+def test_the_loop_never_trains_on_generated_problems_without_saying_so(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A mistyped --data used to train silently on generated problems, and the shared copy was
+    looked for at one machine's absolute path only."""
+    import json
+
+    import rlcore
+
+    example = _loop_module()
+    with pytest.raises(rlcore.DatasetError, match="--data .*no_such.jsonl is not a file"):
+        example.load_gsm8k(str(tmp_path / "no_such.jsonl"))
+    with pytest.raises(SystemExit) as exc:
+        example.main(["--data", str(tmp_path / "no_such.jsonl")])
+    assert exc.value.code == 2 and "no_such.jsonl is not a file" in capsys.readouterr().err
+    shared = tmp_path / "shared"
+    (shared / "gsm8k").mkdir(parents=True)
+    row = {"question": "What is 2 + 2?", "answer": "2 + 2 = 4\n#### 4"}
+    (shared / "gsm8k" / "train.jsonl").write_text(json.dumps(row) + "\n")
+    monkeypatch.setenv("RLCORE_SHARED_DATA", str(shared))
+    assert example.load_gsm8k() == [row]
+    capsys.readouterr()
+    monkeypatch.setenv("RLCORE_SHARED_DATA", str(tmp_path / "empty"))
+    rows = example.load_gsm8k(limit=3)
+    assert len(rows) == 3 and all(r["answer"].split("#### ")[-1].isdigit() for r in rows)
+    assert "generated" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """The trainer and its sampler between generations: ``sleep_sampler`` (TRL's ``vllm_enable_sleep_mode``)
 frees the sampler's memory during every training step without changing a number, and a weight sync
-to a sampler with its own copy sends the policy under its full names (``model.…``, ``lm_head``).
+to a sampler with its own copy sends the policy under its full names (``model.…``, ``lm_head``) —
+names a vLLM engine or server loads (the test server refuses others, as vLLM's loader does).
 
 The vLLM side runs on :mod:`rlcore.testing.vllm_standin` (vLLM cannot be installed here): its
 ``sleep(level=2)`` overwrites the weights with NaN, as real level-2 sleep discards them, so a run
@@ -204,3 +205,30 @@ def test_sync_to_a_separate_sampler_sends_full_names_and_the_untied_lm_head(tmp_
     assert not torch.allclose(trainer.model.lm_head.weight, start)  # the head trained …
     for n, p in separate.model.named_parameters():  # … and every tensor, the head too, reached the sampler
         assert torch.equal(p, dict(trainer.model.named_parameters())[n]), n
+
+
+def test_server_mode_trainer_reaches_a_server_that_checks_names_like_vllm(tmp_path: Any, tiny_model_dir: str) -> None:
+    """TRL's ``vllm_mode="server"``: the weights the trainer sends load under vLLM's name rules (the
+    test server refuses what vLLM 0.33's ``AutoWeightsLoader`` refuses), and the server ends with the
+    trainer's weights."""
+    from rlcore.sampling.openai import OpenAISampler
+    from rlcore.testing.openai_server import OpenAICompatServer
+
+    served = HFSampler(tiny_model_dir, batch_window_ms=5, seed=0)
+    srv = OpenAICompatServer(served, model_name=tiny_model_dir).start()  # `vllm serve <path>` serves it by that name
+    try:
+        bare = OpenAISampler(srv.url, tokenizer=tiny_model_dir, backoff=0.01, max_retries=1)
+        embed = served.model.get_input_embeddings().weight.detach().clone()
+        with pytest.raises(SamplerError, match="no module or parameter named 'embed_tokens'"):
+            bare.update_weights({"embed_tokens.weight": embed})  # the name the inner decoder stack gives it
+        args = config(tmp_path, use_vllm=True, vllm_mode="server", vllm_server_base_url=srv.url, vllm_server_timeout=30)
+        trainer = GRPOTrainer(tiny_model_dir, args=args, train_dataset=digits_dataset(16))
+        assert args.sampler == "openai"
+        trainer.train()
+        trainer.sync_weights()
+        mine = dict(trainer.model.named_parameters())
+        assert not torch.equal(mine["model.embed_tokens.weight"], embed)
+        for n, p in served.model.named_parameters():
+            assert torch.equal(p, mine[n].detach().to(p.dtype)), n
+    finally:
+        srv.stop()

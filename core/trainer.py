@@ -17,6 +17,7 @@ the buffer is empty one *generation step* refills it:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -45,6 +46,7 @@ from .loop.sync import sync_weights as sync_policy_weights
 from .training import checkpoint as ckpt
 from .training.components import (
     apply_peft,
+    check_sleeps,
     load_model,
     load_tokenizer,
     make_advantage,
@@ -126,6 +128,7 @@ class GRPOTrainer(Trainer):
     """
 
     loss_is_scaled_for_ga = True  # compute_loss divides by gradient_accumulation_steps itself
+    sleeps_sampler = True  # ``sleep_sampler`` applies (an in-process sampler, generating between training steps)
 
     def __init__(
         self,
@@ -194,6 +197,13 @@ class GRPOTrainer(Trainer):
             if hasattr(r, "chat_template_kwargs"):
                 r.chat_template_kwargs = dict(args.chat_template_kwargs or {})
         self.sampler = make_sampler(args, self.model, tokenizer, sampler)
+        self._awake_depth = 0
+        if args.sleep_sampler:
+            if not self.sleeps_sampler:
+                raise ConfigError(f"sleep_sampler=True is for a sampler colocated with the trainer; {type(self).__name__}'s "
+                                  "samplers run in their own processes — set sleep_sampler=False")
+            check_sleeps(self.sampler)
+            self.sampler.sleep(level=2)  # asleep until the first generation, as TRL's colocated engine
         self.scheduler_obj = self.agent.scheduler(args, self.sampler, tokenizer, trainer=self) if self.agent.active else \
             make_scheduler(args, self.sampler, tokenizer, scheduler)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
@@ -266,13 +276,31 @@ class GRPOTrainer(Trainer):
         colocated ``hf`` sampler shares the module and only takes the step as its version)."""
         sync_policy_weights(self.accelerator.unwrap_model(self.model), self.sampler, version=int(self.state.global_step))
 
+    @contextlib.contextmanager
+    def _sampler_awake(self) -> Any:
+        """With ``sleep_sampler``: the sampler is woken for a generation phase (after the weight sync,
+        which already woke a sleeping vLLM's weights) and put back to sleep when it ends, so the
+        training step between generations has the memory its KV cache (and, at level 2, vLLM's
+        copy of the weights, re-sent by the next sync) held — TRL's ``vllm_enable_sleep_mode``."""
+        if not self.args.sleep_sampler or self._awake_depth:
+            yield
+            return
+        self.sampler.wake_up()
+        self._awake_depth += 1
+        try:
+            yield
+        finally:
+            self._awake_depth -= 1
+            self.sampler.sleep(level=2)
+
     def rollout(self, prompts: Sequence[Any], num_generations: int | None = None) -> list[Trajectory]:
         """Roll out ``prompts`` through the scheduler (the module in eval mode) and hold the batch to
         the rollout invariants; a violation fails that trajectory and is counted."""
         was_training = self.model.training
         self.model.eval()
         try:
-            return self._take_rollout(self._run_rollouts(prompts, num_generations))
+            with self._sampler_awake():
+                return self._take_rollout(self._run_rollouts(prompts, num_generations))
         finally:
             self.model.train(was_training)
 
@@ -451,6 +479,11 @@ class GRPOTrainer(Trainer):
         n_gen = int(a.num_generations_eval or a.num_generations)
         per_batch = max(1, (a.per_device_eval_batch_size * max(1, int(a.world_size))) // n_gen)
         self.sync_weights()
+        with self._sampler_awake():  # one wake for the whole evaluation: level 2 discards vLLM's weights
+            return self._evaluate_batches(rows, prefix, n_gen, per_batch)
+
+    def _evaluate_batches(self, rows: list[dict[str, Any]], prefix: str, n_gen: int, per_batch: int) -> dict[str, float]:
+        a = self.args
         has_prompt = check_columns(rows, self.prompt_column, "eval_dataset")
         sums: dict[str, float] = {}
         counts: dict[str, int] = {}

@@ -33,6 +33,8 @@ from ..loop.sync import sync_weights
 class RayGRPOTrainer(GRPOTrainer):
     """GRPOTrainer for one rank of a Ray trainer group; ``sampler`` is a RemoteSampler pool."""
 
+    sleeps_sampler = False  # remote samplers hold their own GPUs (and may generate while this rank trains)
+
     def __init__(
         self,
         *args: Any,

@@ -15,6 +15,8 @@ import inspect
 import time
 from typing import Any
 
+import torch
+
 from ..weights import export_weights, sampler_accepts_lora, shares_module
 
 
@@ -25,7 +27,9 @@ def sync_weights(policy: Any, sampler: Any, *, version: int | None = None) -> di
     remote_sync = getattr(policy, "sync_to", None)
     if remote_sync is not None and getattr(policy, "is_remote", False):
         return remote_sync(sampler, version=version)
-    model = getattr(policy, "model", policy)
+    # a Policy holds its module in ``.model``; a bare module is the model itself (a causal LM's own
+    # ``.model`` is its decoder stack: exporting that would drop the ``model.`` prefix and lm_head)
+    model = policy if isinstance(policy, torch.nn.Module) else getattr(policy, "model", policy)
     if version is None:
         step = getattr(policy, "step", None)
         version = int(step) if isinstance(step, int) else int(getattr(sampler, "policy_version", 0)) + 1

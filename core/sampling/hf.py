@@ -164,24 +164,34 @@ class HFSampler(Sampler):
             self._advance_version(version)
 
     def sleep(self, level: int = 1) -> None:
-        """Move an owned model to the CPU and free its GPU memory. A no-op on CPU, and for a module
-        shared with the trainer (the trainer decides where its own module lives)."""
+        """Free what generation holds while the trainer works: the static path's KV cache, sampling
+        state and CUDA graphs (rebuilt at the next batch), and an owned model's GPU copy (moved to
+        the CPU; ``level`` 1 and 2 alike — a shared module stays where the trainer keeps it). Waits
+        for the running batch; until :meth:`wake_up`, generation is refused."""
         import torch
 
+        if level not in (1, 2):
+            raise SamplerError(f"hf sampler: sleep level must be 1 or 2, got {level}")
         with self._lock:
-            if self.device.type == "cpu" or not self.owns_model or self._asleep:
+            if self._asleep:
                 return
-            self.model.to("cpu")
             self._engine = None  # the static cache and the graphs over the old weights go too
+            if self.owns_model and self.device.type != "cpu":
+                self.model.to("cpu")
             self._asleep = True
-            if torch.cuda.is_available():
+            if self.device.type == "cuda" and torch.cuda.is_available():
                 torch.cuda.empty_cache()
 
     def wake_up(self) -> None:
         with self._lock:
             if self._asleep:
-                self.model.to(self.device)
+                if self.owns_model and self.device.type != "cpu":
+                    self.model.to(self.device)
                 self._asleep = False
+
+    @property
+    def is_sleeping(self) -> bool:
+        return self._asleep
 
     async def close(self) -> None:
         """Finish the running batch, fail queued requests, stop the worker (off the event loop)."""
@@ -237,6 +247,8 @@ class HFSampler(Sampler):
         from .hf_static import NotStatic, StaticDecoder, StaticEngine
 
         with self._lock, torch.inference_mode():
+            if self._asleep:  # queued before sleep() took the lock
+                raise SamplerError("hf sampler is asleep; call wake_up() before generating")
             # eval for the duration: no dropout, no gradient checkpointing (it would drop the KV
             # cache); a shared trainer module gets its own mode back
             was_training = self.model.training

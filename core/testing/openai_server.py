@@ -29,7 +29,9 @@ from that version's ``vllm/entrypoints/openai/api_server.py`` / ``entrypoints/se
   and says so with ``{"success": false}`` only from 0.33 (earlier: an empty 200);
 - ``/sleep`` aborts running requests (``mode=abort``, the default from 0.17) or waits for them
   (``mode=wait``); a completion request while asleep queues until ``wake_up`` (up to ``hang_s``);
-- ``/collective_rpc`` while the weights sleep fails (vLLM would write to unmapped memory).
+- ``/collective_rpc`` while the weights sleep fails (vLLM would write to unmapped memory), and a
+  weight name the model's checkpoint lacks fails as vLLM's ``load_weights`` does
+  (:func:`check_vllm_weight_names`).
 
 Fault injection for tests: append HTTP status codes to ``server.faults`` and the next
 ``/v1/completions`` requests answer with them (one each) before normal service resumes.
@@ -53,6 +55,23 @@ RPC_LOAD_WEIGHTS = "rlcore_load_weights_from_path"  # the one method rlcore's wo
 #: vLLM's OpenAI defaults for fields neither the request nor the generation config set
 OPENAI_DEFAULTS = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
                    "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
+
+
+def check_vllm_weight_names(model: Any, weights: Any) -> None:
+    """Refuse a name the model's own checkpoint does not have, as vLLM's ``load_weights`` does.
+
+    vLLM 0.33 ``vllm/model_executor/models/utils.py`` (``AutoWeightsLoader._load_module``, which
+    Qwen2/Llama ``load_weights`` go through) walks each name down the module tree from the causal
+    LM and raises ``ValueError`` for a prefix that is no child module or parameter there — so
+    ``embed_tokens.weight`` without its ``model.`` prefix fails (only ``.bias`` suffixes are ignored).
+    The HF sampler this server generates with would accept such names (it matches suffixes)."""
+    names = {n for n, _ in model.named_parameters(remove_duplicate=False)}
+    known = {".".join(n.split(".")[: i + 1]) for n in names for i in range(n.count(".") + 1)}
+    for name in weights:
+        if name not in names and not name.endswith(".bias"):
+            parts = name.split(".")
+            first = next(".".join(parts[: i + 1]) for i in range(len(parts)) if ".".join(parts[: i + 1]) not in known)
+            raise ValueError(f"There is no module or parameter named {first!r} in {type(model).__name__}")
 
 
 def _error(status: int, message: str, kind: str = "BadRequestError") -> Any:
@@ -211,6 +230,7 @@ def build_app(server: "OpenAICompatServer") -> Any:
 
         try:
             weights = read_weights(kwargs["path"])
+            check_vllm_weight_names(sampler.model, weights)
             await asyncio.to_thread(sampler.update_weights, weights)
         except Exception as exc:  # noqa: BLE001 - reported to the client like vLLM does
             return _error(500, f"{type(exc).__name__}: {exc}", "InternalServerError")

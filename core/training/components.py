@@ -168,6 +168,14 @@ def make_sampler(args: GRPOConfig, model: Any, tokenizer: Any, sampler: Any = No
     return build_sampler(args.sampler, model=path, tokenizer=tokenizer, **opts)
 
 
+def check_sleeps(sampler: Any) -> None:
+    """``sleep_sampler=True`` needs a sampler with ``sleep(level)`` and ``wake_up()``."""
+    missing = [m for m in ("sleep", "wake_up") if not callable(getattr(sampler, m, None))]
+    if missing:
+        raise ConfigError(f"sleep_sampler=True, but the sampler {type(sampler).__name__} has no {' or '.join(missing)}(); "
+                          "give it sleep(level)/wake_up() (rlcore.sampling.Sampler has no-op ones) or set sleep_sampler=False")
+
+
 def make_scheduler(args: GRPOConfig, sampler: Any, tokenizer: Any, scheduler: Any = None) -> Any:
     """The rollout scheduler, with its options as keyword arguments. ``env_options`` are the env's:
     under an env scheduler, the keys the scheduler itself declares (``env_url`` …) stay its options

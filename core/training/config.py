@@ -105,6 +105,7 @@ class GRPOConfig(TrainingArguments):
     reward_options: dict | str | None = field(default=None, metadata={"help": "JSON dict: reward name -> options for Reward classes."})
     loss_options: dict | str | None = field(default=None, metadata={"help": "JSON dict of the loss's own options (what it declares, e.g. sapo_temperature_pos for sapo)."})
     advantage_options: dict | str | None = field(default=None, metadata={"help": "JSON dict of the advantage estimator's options (e.g. gigpo: gamma, step_weight)."})
+    sleep_sampler: bool = field(default=False, metadata={"help": "Put the sampler to sleep after each generation so the training step gets its accelerator memory: vllm sleeps at level 2 (the next weight sync re-sends the weights), hf frees its static KV cache and CUDA graphs (an owned copy moves to the CPU). TRL's vllm_enable_sleep_mode=True turns it on."})
     rollout_concurrency: int = field(default=64, metadata={"help": "Trajectories in flight at once."})
     rollout_timeout: float | None = field(default=None, metadata={"help": "Seconds before a trajectory fails as timed out."})
     gigpo_gamma: float | None = field(default=None, metadata={"help": "Deprecated: advantage_options={'gamma': …} (GiGPO's discount of per-turn rewards, default 0.95)."})
@@ -128,7 +129,7 @@ class GRPOConfig(TrainingArguments):
     vllm_gpu_memory_utilization: float = field(default=0.3, metadata={"help": "vLLM's GPU memory share (colocate)."})
     vllm_max_model_length: int | None = field(default=None, metadata={"help": "vLLM's max_model_len (colocate)."})
     vllm_tensor_parallel_size: int = field(default=1, metadata={"help": "vLLM tensor parallel size (colocate)."})
-    vllm_enable_sleep_mode: bool = field(default=False, metadata={"help": "Let colocated vLLM release GPU memory during training."})
+    vllm_enable_sleep_mode: bool = field(default=False, metadata={"help": "Sleep the colocated vLLM engine during every training step, as TRL does (sets sleep_sampler)."})
     vllm_importance_sampling_correction: bool = field(default=True, metadata={"help": "With use_vllm: correct for sampler/trainer mismatch (sets is_correction)."})
     vllm_importance_sampling_mode: str = field(default="sequence_mask", metadata={"help": "is_correction mode used with use_vllm."})
     vllm_importance_sampling_clip_max: float | None = field(default=3.0, metadata={"help": "is_threshold used with use_vllm."})
@@ -199,6 +200,10 @@ class GRPOConfig(TrainingArguments):
                           FutureWarning, stacklevel=3)
             self.vllm_importance_sampling_clip_max = self.vllm_importance_sampling_cap
         self._map_vllm()
+        if self.sleep_sampler and self.sampler == "vllm":  # the engine can only sleep when it is built for it
+            if not self.sampler_options.setdefault("enable_sleep_mode", True):
+                raise ConfigError("sleep_sampler=True needs the vllm engine built with enable_sleep_mode=True, but "
+                                  "sampler_options sets it False; drop one of them")
         super().__post_init__()
         if self.auto_find_batch_size:
             raise ConfigError("auto_find_batch_size cannot keep whole groups of num_generations; lower per_device_train_batch_size instead")
@@ -256,7 +261,9 @@ class GRPOConfig(TrainingArguments):
         if wanted == "vllm":
             opts.setdefault("gpu_memory_utilization", self.vllm_gpu_memory_utilization)
             opts.setdefault("tensor_parallel_size", self.vllm_tensor_parallel_size)
-            opts.setdefault("enable_sleep_mode", self.vllm_enable_sleep_mode)
+            opts.setdefault("enable_sleep_mode", self.vllm_enable_sleep_mode or self.sleep_sampler)
+            if self.vllm_enable_sleep_mode:  # TRL sleeps the colocated engine during every optimizer step
+                self.sleep_sampler = True
             if self.vllm_max_model_length is not None:
                 opts.setdefault("max_model_len", self.vllm_max_model_length)
         else:

@@ -71,7 +71,7 @@ out = pathlib.Path(sys.argv[1])
 for name in ("sampler_throughput_gpu.json",):
     p = out / name
     for r in (json.loads(p.read_text())["results"] if p.exists() else []):
-        print(f"sampler {r['concurrency']}x{r['max_tokens']} {r['mode']:>9}: " + (f"{r['tokens_per_s']:>9.0f} tok/s {r.get('runs_tokens_per_s', '')}" if "tokens_per_s" in r else r.get("error", "")))
+        print(f"sampler {r['concurrency']}x{r['max_tokens']} {r['mode']:>9}: " + (f"{r['tokens_per_s']:>9.0f} tok/s {r.get('runs_tokens_per_s', '')} kv read {r.get('kv_read_fraction', '-')}" if "tokens_per_s" in r else r.get("error", "")))
 p = out / "decode_profile_gpu.json"
 for r in (json.loads(p.read_text())["rows"] if p.exists() else []):
     print(f"decode {r['forward']:>5} forward, {r['bucket']:>3} rows: replay {r['replay_ms']:.3f} ms/step, end-to-end {r['end_to_end_tok_s']:>8.0f} tok/s")

@@ -79,13 +79,13 @@ def count_step(model: Any, tok: Any, rows: int, fused: bool) -> collections.Coun
         finally:
             counter.quiet -= 1
 
-    def step(engine: Any, b: int, flags: Any) -> None:
+    def step(engine: Any, b: int, cols: int, flags: Any) -> None:
         nonlocal counter
         if counted:
-            return real_step(engine, b, flags)
+            return real_step(engine, b, cols, flags)
         counter = OpCounter()
         with counter:
-            real_step(engine, b, flags)
+            real_step(engine, b, cols, flags)
         counted["step"], counter = counter.counts, None
 
     hf_static.StaticEngine._step = step

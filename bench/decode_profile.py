@@ -111,7 +111,7 @@ def profile_bucket(s: HFSampler, prompt: list[int], b: int, tokens: int, forward
     asyncio.run(run())  # capture
     e2e = statistics.median(asyncio.run(run()) for _ in range(3))
     eng = s._engine
-    key = next(k for k in eng.graphs if k[0] == b)
+    key = max((k for k in eng.graphs if k[0] == b), key=lambda k: k[1])  # (rows, columns, flags): the widest
     g = eng.graphs[key]
     with torch.inference_mode():
         times = []
@@ -125,10 +125,10 @@ def profile_bucket(s: HFSampler, prompt: list[int], b: int, tokens: int, forward
     rep = statistics.median(times)
     print(f"{forward:>5} forward, bucket {b:>4}: replay {rep:.3f} ms/step = {b / rep * 1e3:>9.0f} tok/s device-bound; "
           f"end-to-end {b * tokens / e2e:>9.0f} tok/s ({e2e / tokens * 1e3:.3f} ms/step incl. prefill); "
-          f"graphs {eng.captures}, max_len {eng.max_len}")
+          f"graphs {eng.captures}, max_len {eng.max_len}, replayed over {key[1]} columns")
     return {"forward": forward, "bucket": b, "replay_ms": rep, "end_to_end_ms": e2e / tokens * 1e3,
             "device_bound_tok_s": b / rep * 1e3, "end_to_end_tok_s": b * tokens / e2e, "graphs": eng.captures,
-            "fused": eng.fused is not None}
+            "fused": eng.fused is not None, "columns": key[1]}
 
 
 if __name__ == "__main__":

@@ -60,8 +60,9 @@ stage "decode profile" 60 python3 bench/decode_profile.py --shape qwen2-0.5b --d
 GRPO="python3 bench/grpo_step.py --shape qwen2-0.5b --prompts 8 --num-generations 8 --max-completion-length 256 --steps 2 --warmup 1"
 stage "grpo step fp32" 80 $GRPO --out "$OUT/grpo_step_gpu_fp32"
 stage "grpo step bf16" 80 $GRPO --bf16 --out "$OUT/grpo_step_gpu_bf16"
-stage "trainer/algorithms tests (cuda)" 70 $PYTEST tests/test_trainer.py tests/test_algorithms_is_correction.py \
-  tests/test_algorithms_logprobs.py tests/test_losses.py tests/test_advantages.py
+stage "trainer/algorithms tests (cuda)" 90 $PYTEST tests/test_trainer.py tests/test_algorithms_is_correction.py \
+  tests/test_algorithms_logprobs.py tests/test_losses.py tests/test_advantages.py \
+  tests/test_trainer_sleep.py::test_hf_sampler_sleeps_through_every_training_step_and_no_number_changes
 
 echo "================ summary ($(($(date +%s) - START))s)"
 printf '%s\n' "${SUMMARY[@]}"
@@ -71,7 +72,7 @@ out = pathlib.Path(sys.argv[1])
 for name in ("sampler_throughput_gpu.json",):
     p = out / name
     for r in (json.loads(p.read_text())["results"] if p.exists() else []):
-        print(f"sampler {r['concurrency']}x{r['max_tokens']} {r['mode']:>9}: " + (f"{r['tokens_per_s']:>9.0f} tok/s {r.get('runs_tokens_per_s', '')}" if "tokens_per_s" in r else r.get("error", "")))
+        print(f"sampler {r['concurrency']}x{r['max_tokens']} {r['mode']:>9}: " + (f"{r['tokens_per_s']:>9.0f} tok/s {r.get('runs_tokens_per_s', '')} kv read {r.get('kv_read_fraction', '-')}" if "tokens_per_s" in r else r.get("error", "")))
 p = out / "decode_profile_gpu.json"
 for r in (json.loads(p.read_text())["rows"] if p.exists() else []):
     print(f"decode {r['forward']:>5} forward, {r['bucket']:>3} rows: replay {r['replay_ms']:.3f} ms/step, end-to-end {r['end_to_end_tok_s']:>8.0f} tok/s")

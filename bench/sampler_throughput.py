@@ -141,6 +141,9 @@ def bench_size(size: str, work: list[tuple[int, int]], modes: list[str], a: argp
                 t_warm = time.perf_counter()
                 once(min(4, max_tokens))  # warm-up: graphs captured, kernels loaded, allocator grown
                 row["warmup_s"] = round(time.perf_counter() - t_warm, 2)
+                eng = getattr(live.get(mode), "_engine", None)
+                kv0 = (getattr(eng, "kv_read_bytes", 0), getattr(eng, "kv_full_bytes", 0),
+                       sum(getattr(eng, "steps_by_cols", {}).values()))
                 runs = [once(max_tokens) for _ in range(a.repeats if mode in samplers else 1)]
             except Exception as exc:  # noqa: BLE001 - report, keep benchmarking the rest
                 rows.append({**row, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"})
@@ -154,6 +157,10 @@ def bench_size(size: str, work: list[tuple[int, int]], modes: list[str], a: argp
                 row["decode"] = "cuda_graph" if eng is not None and eng.use_graphs else ("static" if eng else "dynamic")
                 if eng is not None:
                     row["graphs"] = eng.captures
+                    read, full = eng.kv_read_bytes - kv0[0], eng.kv_full_bytes - kv0[1]
+                    if full:  # attention's key/value reads with column buckets, against whole slots
+                        row["kv_read_fraction"] = round(read / full, 3)
+                        row["kv_mb_per_step"] = round(read / 1e6 / max(1, sum(eng.steps_by_cols.values()) - kv0[2]), 1)
                     row["forward"] = "fused" if getattr(eng, "fused", None) is not None else "model"
             rows.append(row)
             if save is not None:

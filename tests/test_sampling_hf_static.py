@@ -83,6 +83,34 @@ async def test_static_path_matches_dynamic_loop_and_trainer(model, tok, prompts)
         assert torch.allclose(torch.tensor(b.logprobs), ref, atol=1e-4), (b.logprobs, ref.tolist())
 
 
+@pytest.mark.parametrize("fused", [True, False])
+async def test_steps_attend_only_the_columns_their_rows_hold(model, tok, prompts, fused: bool, monkeypatch) -> None:
+    # column buckets of 8, 16, 32 …: the rows cross several while they decode, rows join and leave
+    from rlcore.sampling import hf_static
+
+    monkeypatch.setattr(hf_static, "COL_MIN", 8)
+    # the longest prompt leaves early (its columns are no longer read), a short one runs long (64 → 32 → 128)
+    params = [q.replace(max_tokens=m) for q, m in zip(mixed_params(len(prompts)), [40, 3, 60, 20, 10, 3])]
+    dyn = await run_all(HFSampler(model, tok, decode="dynamic", batch_window_ms=30), prompts, params)
+    s = HFSampler(model, tok, decode="static", fused_decode=fused, batch_window_ms=30, join_window_ms=0)
+    sta = await run_all(s, prompts, params)
+    # and two rows joining a running one whose columns are already past theirs
+    s2 = HFSampler(model, tok, decode="static", fused_decode=fused, batch_window_ms=1, join_window_ms=0)
+    first = asyncio.ensure_future(s2.generate(prompts[5], params[5]))
+    while not s2.batch_sizes:
+        await asyncio.sleep(0.001)
+    joined = await asyncio.gather(first, s2.generate(prompts[0], params[0]), s2.generate(prompts[2], params[2]))
+    await s2.close()
+    for e in (s._engine, s2._engine):
+        assert len(e.steps_by_cols) >= 3 and max(e.steps_by_cols) <= e.max_len, e.steps_by_cols
+    assert {c.meta["forward"] for c in sta} == {"fused" if fused else "model"}
+    for i, b in [*enumerate(sta), (5, joined[0]), (0, joined[1]), (2, joined[2])]:
+        assert b.token_ids == dyn[i].token_ids
+        assert b.logprobs == pytest.approx(dyn[i].logprobs, abs=1e-4)
+        t = params[i].temperature
+        assert torch.allclose(torch.tensor(b.logprobs), recompute(model, prompts[i], b.token_ids, t if t > 0 else 1.0), atol=1e-4)
+
+
 async def test_stops_and_min_tokens_on_the_static_path(model, tok, prompts) -> None:
     s = HFSampler(model, tok, decode="static", batch_window_ms=1)
     try:

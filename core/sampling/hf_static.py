@@ -8,10 +8,12 @@ a CUDA graph per batch-size bucket and replayed with one launch.
 
 Layout. Every row owns a *slot* of a static cache ``[slots, kv_heads, max_len, head_dim]`` per
 layer: its prompt fills columns ``0..L-1`` (no padding), and the token decoded next is written at
-column ``pos[slot]``. A decode step attends over all ``max_len`` columns with each row's own mask
+column ``pos[slot]``. A decode step attends over the slots' first columns with each row's own mask
 (columns up to its position), so rows of any length share one step of one shape. Live rows are kept
 in the lowest slots — a finished row's slot is refilled by moving the last live row into it — and a
-step runs over the smallest bucket of slots covering them.
+step runs over the smallest bucket of slots covering them, and over the smallest bucket of columns
+(128, 256, 512 …) covering its longest row: attention reads what the rows hold, not the whole
+cache (at 256 rows of a Qwen2-0.5B shape, every 256 columns are ~400 MB of keys and values a step).
 
 Sampling runs inside the graph from per-row tensors (temperature, top-k/p, min-p, repetition
 penalty, min_tokens bans, seeds), with the same :func:`~rlcore.sampling.processing.sample_step` as the
@@ -49,6 +51,7 @@ log = logging.getLogger(__name__)
 ATTN_NAME = "rlcore_static_decode"
 _BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 LEN_ALIGN = 256  # the cache length grows in steps of this many columns
+COL_MIN = 128  # a step attends over the first 128, 256, 512 … columns: enough for its longest row
 
 
 class NotStatic(Exception):
@@ -156,6 +159,11 @@ class StaticEngine:
         self.kv_shape: tuple[int, int, int, torch.dtype] | None = None
         self.captures = 0
         self.replays = 0
+        self.steps_by_cols: dict[int, int] = {}  # how many steps ran over each column bucket
+        # bytes of keys and values the steps' attention read, and what reading whole slots would
+        # have cost (benchmarks report the ratio)
+        self.kv_read_bytes = 0
+        self.kv_full_bytes = 0
         _register_attention()
 
     # --- memory ------------------------------------------------------------------------------------
@@ -312,15 +320,23 @@ class StaticEngine:
         for t in self.k + self.v + list(self.state.values()):
             t[d] = t[s]
 
+    def col_bucket(self, need: int) -> int:
+        """The columns a step attends over when its longest row needs ``need``: ``COL_MIN`` doubled
+        until it covers them, at most the cache length (few distinct shapes: few graphs)."""
+        c = COL_MIN
+        while c < need:
+            c *= 2
+        return min(c, self.max_len)
+
     def _uniforms(self, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
         """``[n, max_len]``: draw ``t`` of each row (seed words ``lo``/``hi`` ``[n]``) at column ``t``,
         the same :func:`counter_uniforms` the dynamic loop hashes step by step."""
         return counter_uniforms(lo.unsqueeze(1), hi.unsqueeze(1), self.cols.unsqueeze(0))
 
     # --- one step ----------------------------------------------------------------------------------
-    def _step(self, b: int, flags: tuple[bool, bool, bool]) -> None:
-        """Sample the next token of slots ``[:b]`` from their logits, then run the forward over it.
-        Sync-free (captured as a graph on CUDA)."""
+    def _step(self, b: int, cols: int, flags: tuple[bool, bool, bool]) -> None:
+        """Sample the next token of slots ``[:b]`` from their logits, then run the forward over it,
+        attending over the first ``cols`` columns. Sync-free (captured as a graph on CUDA)."""
         rep, ban, trunc = flags
         st = self.state
         rows = {k: st[k][:b] for k in ("temperature", "greedy", "top_k", "top_p", "min_p", "rep")}
@@ -335,10 +351,11 @@ class StaticEngine:
         n_gen.add_(1)
         if rep:
             st["seen"][:b].scatter_(1, tok.unsqueeze(1), True)
-        # free slots inside the bucket decode junk; clamp keeps their writes inside their own slot
-        pos = st["pos"][:b].clamp(max=self.max_len - 1)
-        mask = torch.where(self.cols.unsqueeze(0) <= pos.unsqueeze(1), 0.0, self.neg).to(self.neg.dtype)
-        keys, values = [k[:b] for k in self.k], [v[:b] for v in self.v]
+        # free slots inside the bucket decode junk; clamp keeps their writes inside their own slot and
+        # inside the columns attended (a live row's position is always below ``cols``)
+        pos = st["pos"][:b].clamp(max=cols - 1)
+        mask = torch.where(self.cols[:cols].unsqueeze(0) <= pos.unsqueeze(1), 0.0, self.neg).to(self.neg.dtype)
+        keys, values = [k[:b, :, :cols] for k in self.k], [v[:b, :, :cols] for v in self.v]
         if self.fused is not None:
             logits = self.fused(tok, pos, mask[:, None, None, :], keys, values, self.slot_ids[:b])
         else:
@@ -348,9 +365,14 @@ class StaticEngine:
         st["logits"][:b].copy_(logits)
         st["pos"][:b].add_(1)
 
-    def step(self, b: int, flags: tuple[bool, bool, bool]) -> None:
-        """One step over slots ``[:b]``: a graph replay when captured, else eager (and capture it)."""
-        key = (b, flags)
+    def step(self, b: int, cols: int, flags: tuple[bool, bool, bool]) -> None:
+        """One step over slots ``[:b]`` and columns ``[:cols]``: a graph replay when captured, else
+        eager (and capture it)."""
+        self.steps_by_cols[cols] = self.steps_by_cols.get(cols, 0) + 1
+        per_col = 2 * len(self.k) * b * self.k[0].shape[1] * self.k[0].shape[3] * self.k[0].element_size()
+        self.kv_read_bytes += per_col * cols
+        self.kv_full_bytes += per_col * self.max_len
+        key = (b, cols, flags)
         graph = self.graphs.get(key)
         if graph is not None:
             graph.replay()
@@ -358,19 +380,19 @@ class StaticEngine:
             return
         with self._attention(), _no_autocast_cache():
             if not self.use_graphs:
-                self._step(b, flags)
+                self._step(b, cols, flags)
                 return
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                self._step(b, flags)  # the real step, and the warm-up the capture needs
+                self._step(b, cols, flags)  # the real step, and the warm-up the capture needs
             torch.cuda.current_stream().wait_stream(side)
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
             try:
                 with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-                    self._step(b, flags)  # recorded, not run
+                    self._step(b, cols, flags)  # recorded, not run
             except Exception as exc:  # noqa: BLE001 - an uncapturable model still decodes, eagerly
                 log.warning("hf sampler: decode step could not be captured as a CUDA graph (%s: %s); decoding eagerly",
                             type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
@@ -426,6 +448,7 @@ class StaticDecoder:
         self.checkers: dict[int, StopChecker] = {}
         self.params: dict[int, Any] = {}
         self.issued: dict[int, int] = {}  # steps launched with the row in them
+        self.lens: dict[int, int] = {}  # prompt length: a row's next column is lens + issued
         self.meta: dict[int, dict[str, Any]] = {}
         self.step = 0
         self.flags: tuple[bool, bool, bool] = (False, False, False)
@@ -456,7 +479,7 @@ class StaticDecoder:
             [p.min_tokens for p in params], seen, [sorted(c.stop_token_ids) for c in checkers],
         )
         for j, (i, p) in enumerate(zip(indices, params)):
-            self.checkers[i], self.params[i], self.issued[i] = checkers[j], p, 0
+            self.checkers[i], self.params[i], self.issued[i], self.lens[i] = checkers[j], p, 0, lens[j]
             self.meta[i] = {"prompt_tokens": lens[j], "batch_size": first + n, "joined_at_step": self.step,
                             "decode": "cuda_graph" if self.e.use_graphs else "static",
                             "forward": "fused" if self.e.fused is not None else "model"}
@@ -507,10 +530,12 @@ class StaticDecoder:
         if not self.live or all(self.issued[i] >= self.checkers[i].max_tokens for i in self.live):
             return None
         n = len(self.live)
-        self.e.step(bucket(n), self.flags)
-        self.step += 1
+        need = 0  # the longest row writes at column lens + issued and attends up to it
         for i in self.live:
+            need = max(need, self.lens[i] + self.issued[i] + 1)
             self.issued[i] += 1
+        self.e.step(bucket(n), self.e.col_bucket(need), self.flags)
+        self.step += 1
         st = self.e.state
         if self.dev.type == "cuda":
             k, self.k = self.k, 1 - self.k

@@ -47,6 +47,8 @@ def register_rewards(register: Register) -> None:
     A reward is a function (sync or async) whose parameter names say what it needs (``completions``,
     ``trajectories``, any dataset column such as ``answer``, ``infos``, ``trainer_state`` …); it
     returns one float (or ``None``) per trajectory. A :class:`rlcore.rewards.Reward` subclass works too.
+    A column parameter without a default is required: a dataset without that column is refused before
+    training; give it a default (``answer=None``) to score such rows as ``None``.
     """
 
 

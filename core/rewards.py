@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import attrs
 
 from .asyncutil import to_thread_if_sync
-from .errors import RewardFunctionError  # noqa: F401 - re-exported for reward authors
+from .errors import DatasetError, RewardFunctionError  # noqa: F401 - RewardFunctionError: re-exported for reward authors
 from .hookspecs import hookimpl
 from .types import Trajectory
 
@@ -241,6 +241,45 @@ class FunctionReward(Reward):
     @hookimpl
     async def compute_reward(self, trajectories: list[Trajectory]) -> dict[str, list[float | None]]:
         return await _score_into(self, self.fn, trajectories)
+
+
+def reward_function(reward: Any) -> Callable[..., Any] | None:
+    """The function whose signature says what ``reward`` is given: a :class:`FunctionReward`'s
+    function, a :class:`Reward`'s ``score``; None for a reward with its own ``compute_reward``."""
+    if isinstance(reward, FunctionReward):
+        return reward.fn
+    if isinstance(reward, Reward) and type(reward).compute_reward is Reward.compute_reward:
+        return reward.score
+    return None
+
+
+def check_reward_columns(rewards: Sequence[Any], rows: Sequence[Mapping[str, Any]], source: str = "dataset") -> None:
+    """Before training: every argument a reward *requires* (no default) must be a reward input or a
+    column of the dataset. Otherwise it would get ``None`` for every row and the run would train on
+    nothing while looking fine (TRL fails the call). A column only some rows have is fine: the others
+    get ``None``. A lazy dataset (rows generated when read) is judged by its first row."""
+    checked = rows if isinstance(rows, (list, tuple)) else rows[:1]
+    columns: dict[str, None] = {}
+    for row in checked:
+        if isinstance(row, Mapping):
+            columns.update(dict.fromkeys(row))
+    known = set(RewardInputs._BUILT) | set(TRL_REWARD_ARGS) | {"environments"} | set(columns)
+    for reward in rewards:
+        fn = reward_function(reward)
+        if fn is None:
+            continue
+        try:
+            params = _signature(fn).parameters.values()
+        except (TypeError, ValueError):  # a builtin or C callable: nothing to read
+            continue
+        missing = [p.name for p in params if p.default is inspect.Parameter.empty and p.name not in known
+                   and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+        if missing:
+            have = ", ".join(columns) or "none"
+            raise DatasetError(
+                f"reward {reward.name!r} needs {', '.join(repr(m) for m in missing)}, which {source} has no column for "
+                f"(columns: {have}) and which is no reward input; add the column to the dataset, or give the "
+                f"parameter a default ({missing[0]}=None) to score rows without it")
 
 
 async def _score_into(reward: Any, fn: Callable[..., Any], trajectories: list[Trajectory]) -> dict[str, list[float | None]]:

@@ -43,10 +43,11 @@ def digits_dataset(n: int = 512, seed: int = 0, max_operand: int = 20) -> list[d
     return rows
 
 
-def digits_reward(completions: list[str], answer: list[Any]) -> list[float]:
-    """Share of digit characters (format, 0-1) plus 1 for the correct first number."""
+def digits_reward(completions: list[str], answer: list[Any] | None = None) -> list[float]:
+    """Share of digit characters (format, 0-1) plus 1 for the correct first number (rows without an
+    ``answer`` get the format part only)."""
     out = []
-    for text, ans in zip(completions, answer):
+    for text, ans in zip(completions, answer if answer is not None else [None] * len(completions)):
         chars = [c for c in text if not c.isspace()]
         share = sum(c.isdigit() for c in chars) / len(chars) if chars else 0.0
         m = _NUMBER.search(text)

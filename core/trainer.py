@@ -38,7 +38,7 @@ from .algorithms.losses import LossConfig
 from .asyncutil import run_sync
 from .errors import ConfigError, RewardFunctionError
 from .plugins import RunHooks
-from .rewards import RewardContext, compute_rewards
+from .rewards import RewardContext, check_reward_columns, compute_rewards
 from .chat_template import set_chat_template_kwargs
 from .loop.loss import advantage_list, batch_logprobs, batch_loss, high_entropy_mask, pack
 from .loop.rollout import rollout_batch
@@ -185,6 +185,8 @@ class GRPOTrainer(Trainer):
         self.ref_model = reference_model(model, args)
         self.reward_objects, self.reward_weights = make_rewards(args, extra, reward_processing_classes,
                                                                      allow_none=env_rewards > 0)
+        if self.agent.rollout_func is None:  # a rollout_func's extra keys become columns only at run time
+            check_reward_columns(self.reward_objects, self.rows, "train_dataset")
         self.advantage = make_advantage(args)
         self.loss_fn = get_component("loss", args.effective_loss_type)
         super().__init__(

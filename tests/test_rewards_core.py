@@ -129,3 +129,33 @@ async def test_a_wrong_number_of_values_stops_at_once_instead_of_passing_per_sam
 
     with pytest.raises(RewardCountError, match="returned a dict for 3 trajectories"):
         await compute_rewards(RunHooks(FunctionReward("not_a_list", not_a_list), observers=False), _trajs())
+
+
+def test_a_reward_needing_a_column_the_dataset_lacks_is_one_line_before_training(tmp_path):
+    """A reward that requires ``solution`` on a dataset with ``answer`` used to get None for every
+    row and the run trained on nothing while looking fine."""
+    import pytest
+
+    from rlcore import DatasetError, GRPOConfig, GRPOTrainer
+    from rlcore.rewards import check_reward_columns
+    from rlcore.testing import tiny_model_path
+
+    def needs_solution(completions, solution, **kwargs):
+        return [float(c == s) for c, s in zip(completions, solution)]
+
+    def optional_solution(completions, solution=None):
+        return [0.0] * len(completions)
+
+    rows = [{"prompt": "1+1", "answer": "2"}, {"prompt": "2+2", "answer": "4", "solution": "4"}]
+    check_reward_columns([FunctionReward("needs_solution", needs_solution)], rows)  # some rows have it: fine
+    check_reward_columns([FunctionReward("optional_solution", optional_solution), as_reward("exact", lambda completions, prompts, trajectories: [])],
+                         rows[:1])
+    with pytest.raises(DatasetError, match=r"reward 'needs_solution' needs 'solution', which train_dataset has no column "
+                                           r"for \(columns: prompt, answer\).*solution=None"):
+        check_reward_columns([FunctionReward("needs_solution", needs_solution)], rows[:1], "train_dataset")
+
+    args = GRPOConfig(output_dir=str(tmp_path / "run"), num_generations=2, per_device_train_batch_size=2, max_steps=1,
+                      max_completion_length=4, report_to="none", save_strategy="no", plots=False, disable_tqdm=True)
+    with pytest.raises(DatasetError, match="needs 'solution'"):
+        GRPOTrainer(tiny_model_path(), reward_funcs=[needs_solution], args=args, train_dataset=rows[:1] * 4)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

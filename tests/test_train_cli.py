@@ -188,3 +188,22 @@ def test_policy_names_a_directory_that_is_not_a_model(tmp_path: Any) -> None:
     from rlcore.loop import Policy
     with pytest.raises(ConfigError, match="has no config.json"):
         Policy(str(tmp_path))
+
+
+def test_the_default_config_warns_about_nothing(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every run printed transformers' FutureWarning about `gradient_checkpointing`, a name rlcore
+    itself set by default; a newcomer's first `rlcore train` began with a deprecation warning."""
+    import warnings
+
+    from rlcore import GRPOConfig
+
+    monkeypatch.chdir(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails the test
+        plan = build_plan([])
+        default = GRPOConfig(output_dir=str(tmp_path / "a"))
+    assert default.activation_checkpointing is True and default.gradient_checkpointing is True  # TRL's default
+    assert plan.args.activation_checkpointing is True
+    assert GRPOConfig(output_dir=str(tmp_path / "b"), activation_checkpointing=False).gradient_checkpointing is False
+    with pytest.warns(FutureWarning, match="gradient_checkpointing"):  # TRL's (deprecated) name still works
+        assert GRPOConfig(output_dir=str(tmp_path / "c"), gradient_checkpointing=False).activation_checkpointing is False

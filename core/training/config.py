@@ -40,7 +40,8 @@ class GRPOConfig(TrainingArguments):
     output_dir: str | None = field(default="rlcore-output", metadata={"help": "Where checkpoints, metrics.jsonl and plots go."})
     learning_rate: float = field(default=1e-6, metadata={"help": "AdamW learning rate (TRL's GRPO default)."})
     logging_steps: float = field(default=1, metadata={"help": "Log (and append to metrics.jsonl) every N steps (TRL: 10; rlcore logs every step, see docs/porting-trl.md)."})
-    gradient_checkpointing: bool = field(default=True, metadata={"help": "Recompute activations in backward to save memory (TRL's default)."})
+    activation_checkpointing: bool | None = field(default=None, metadata={"help": "Recompute activations in backward to save memory (default: on, TRL's default)."})
+    gradient_checkpointing: bool | None = field(default=None, metadata={"help": "transformers' deprecated name of activation_checkpointing (TRL's name; still honoured)."})
     bf16: bool | None = field(default=None, metadata={"help": "bf16 mixed precision; default (None): on where a CUDA GPU supports it, off on the CPU."})
     per_device_train_batch_size: int = field(default=8, metadata={"help": "Trajectories per micro-batch."})
     remove_unused_columns: bool = field(default=False, metadata={"help": "Keep dataset columns (rewards read them)."})
@@ -200,6 +201,10 @@ class GRPOConfig(TrainingArguments):
                           FutureWarning, stacklevel=3)
             self.vllm_importance_sampling_clip_max = self.vllm_importance_sampling_cap
         self._map_vllm()
+        if self.activation_checkpointing is None and self.gradient_checkpointing is None:
+            # TRL's default (on), set under transformers' current name: set under the old one, as TRL
+            # does, every run printed transformers' deprecation warning for a setting nobody made
+            self.activation_checkpointing = True
         if self.sleep_sampler and self.sampler == "vllm":  # the engine can only sleep when it is built for it
             if not self.sampler_options.setdefault("enable_sleep_mode", True):
                 raise ConfigError("sleep_sampler=True needs the vllm engine built with enable_sleep_mode=True, but "

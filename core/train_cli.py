@@ -29,7 +29,7 @@ SCRIPT_FLAGS = {
     "dataset_options": "options for a dataset source (SOURCE:SPEC), key=value,key=value or JSON, e.g. size=2000,seed=3",
     "prompt_column": "column holding the prompt when it is not prompt/messages/question",
     "system_prompt": "system message prepended to every prompt",
-    "reward": "reward name (repeatable): `rlcore components reward`",
+    "reward": "reward name (repeatable; NAME=WEIGHT sets its weight): `rlcore components reward`",
 }
 
 
@@ -140,6 +140,19 @@ def _split_script_args(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
     return script, rest
 
 
+def _reward_weights(specs: Sequence[str]) -> dict[str, float]:
+    """``{name: weight}`` for the ``--reward NAME=WEIGHT`` entries (plain names weigh 1)."""
+    weights: dict[str, float] = {}
+    for spec in specs:
+        name, eq, w = spec.partition("=")
+        if eq:
+            try:
+                weights[name] = float(w)
+            except ValueError:
+                raise ConfigError(f"--reward {spec!r}: the weight after '=' must be a number") from None
+    return weights
+
+
 @dataclasses.dataclass
 class TrainPlan:
     """Everything decided before the model loads."""
@@ -183,9 +196,15 @@ def build_plan(argv: Sequence[str]) -> TrainPlan:
     (args_ns, leftover) = parser.parse_known_args(list(rest))
     # rebuild through the dataclass so __post_init__ runs its checks
     values = {k: v for k, v in vars(args_ns).items() if k in field_names}
+    given_weights = _reward_weights(script["reward"])  # --reward NAME=WEIGHT, as in rlcore rollout
+    script["reward"] = [spec.partition("=")[0] for spec in script["reward"]]
     if script["reward"]:
         values["reward_funcs"] = list(dict.fromkeys((values.get("reward_funcs") or []) + script["reward"])) \
             if not default_task else list(dict.fromkeys(script["reward"]))
+    if given_weights:
+        if "reward_weights" in file_values or any(a.split("=")[0] in ("--reward_weights", "--reward-weights") for a in rest):
+            raise ConfigError("give reward weights either as --reward NAME=WEIGHT or with reward_weights, not both")
+        values["reward_weights"] = [given_weights.get(n, 1.0) for n in values["reward_funcs"]]
     if values.get("output_dir") is None:
         values["output_dir"] = "rlcore-output"
     try:
@@ -215,12 +234,10 @@ def build_plan(argv: Sequence[str]) -> TrainPlan:
         from .demo import tiny_model_path
 
         model = tiny_model_path()
-    elif model.startswith((".", "/", "~")) and not os.path.exists(os.path.expanduser(model)):
-        raise ConfigError(f"model path {model} does not exist; pass an existing directory or a Hugging Face id")
     else:
-        from .training.components import check_model_dir
+        from .training.components import check_model_path
 
-        check_model_dir(model)  # a directory that is not a saved model: one line before anything loads
+        check_model_path(model)  # a missing path or a directory that is not a saved model: one line, nothing loaded
     if embedded is not None:
         if script.get("dataset_options"):
             raise ConfigError("--dataset-options needs --dataset SOURCE:SPEC (a registered dataset source)")

@@ -99,6 +99,7 @@ def test_plugin_options_mapping() -> None:
     (["--timeout", "0"], "--rollout-timeout must be a positive number of seconds"),
     (["--rollout_timeout", "0"], "--rollout-timeout must be a positive number of seconds"),
     (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
+    (["--model", "./no/such/model"], "model path ./no/such/model does not exist"),  # was a hub-id error about repo names
 ])
 def test_bad_numbers_are_one_line_before_anything_loads(flags: list[str], needle: str, tmp_path: Path,
                                                         capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -128,3 +129,15 @@ def test_nothing_succeeded_exits_non_zero_and_keeps_the_file(tmp_path: Path, cap
     err = capsys.readouterr().err.strip()
     assert err.startswith("Error: no trajectory succeeded: wrote 2 trajectories") and "2 failed" in err
     assert [json.loads(x)["status"] for x in out.read_text().splitlines()] == ["failed", "failed"]
+
+
+def test_check_rollouts_names_a_model_path_that_does_not_exist(tmp_path: Path, capsys: Any) -> None:
+    from rlcore.cli import main
+
+    rollouts = tmp_path / "r.jsonl"
+    rollouts.write_text("")
+    with pytest.raises(SystemExit) as exc:
+        main(["check-rollouts", "--model", str(tmp_path / "gone"), str(rollouts)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("Error: model path ") and "gone does not exist" in err and "\n" not in err

@@ -11,6 +11,7 @@ import pytest
 
 from rlcore.cli import main
 from rlcore.train_cli import build_plan
+import rlcore.errors as rlcore_errors
 
 
 def _first_last(rows: list[float]) -> tuple[float, float]:
@@ -207,3 +208,13 @@ def test_the_default_config_warns_about_nothing(tmp_path: Any, monkeypatch: pyte
     assert GRPOConfig(output_dir=str(tmp_path / "b"), activation_checkpointing=False).gradient_checkpointing is False
     with pytest.warns(FutureWarning, match="gradient_checkpointing"):  # TRL's (deprecated) name still works
         assert GRPOConfig(output_dir=str(tmp_path / "c"), gradient_checkpointing=False).activation_checkpointing is False
+
+
+def test_reward_weights_as_name_equals_weight_like_rollout(tmp_path: Any) -> None:
+    """`rlcore rollout --reward digits=2` sets a weight; `rlcore train` said "no reward named 'digits=2'"."""
+    plan = build_plan(["--reward", "digits=2.5", "--reward", "length_penalty", "--output-dir", str(tmp_path / "a")])
+    assert plan.args.reward_funcs == ["digits", "length_penalty"] and plan.args.reward_weights == [2.5, 1.0]
+    with pytest.raises(rlcore_errors.ConfigError, match="either as --reward NAME=WEIGHT or with reward_weights"):
+        build_plan(["--reward", "digits=2", "--reward-weights", "1", "--output-dir", str(tmp_path / "b")])
+    with pytest.raises(rlcore_errors.ConfigError, match="the weight after '=' must be a number"):
+        build_plan(["--reward", "digits=x", "--output-dir", str(tmp_path / "c")])

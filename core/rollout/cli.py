@@ -158,6 +158,10 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
         from ..demo import tiny_model_path
 
         model = tiny_model_path()
+    else:
+        from ..training.components import check_model_path
+
+        check_model_path(model)
     sampler = sampler_factory(model=model, **sampler_opts)
     try:
         tokenizer = getattr(sampler, "tokenizer", None)
@@ -220,7 +224,10 @@ def check_rollouts_command(path: str, model: str | None, tools_path: str | None,
         model = tiny_model_path()
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(model)
+    from ..training.components import check_model_path, from_pretrained
+
+    check_model_path(model)
+    tok = from_pretrained(AutoTokenizer, model, "tokenizer")
     tools = json.loads(Path(tools_path).read_text()) if tools_path else None
     trajs = []
     with open(path, encoding="utf-8") as fh:

@@ -50,6 +50,16 @@ def check_model_dir(path: str) -> None:
                           "pass a directory written by save_pretrained (or a checkpoint-N directory) or a Hugging Face id")
 
 
+def check_model_path(model: str) -> None:
+    """What a command checks before anything loads: a path (``./…``, ``/…``, ``~…``) must exist and
+    be a saved model; anything else is a Hugging Face id."""
+    import os
+
+    if model.startswith((".", "/", "~")) and not os.path.exists(os.path.expanduser(model)):
+        raise ConfigError(f"model path {model} does not exist; pass an existing directory or a Hugging Face id")
+    check_model_dir(model)
+
+
 def from_pretrained(loader: Any, path: Any, what: str, **kwargs: Any) -> Any:
     """``loader.from_pretrained(path)`` with the failures a user causes (a path that is not a model,
     a hub id that is neither cached nor reachable) as one :class:`ConfigError` line naming it."""

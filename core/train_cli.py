@@ -431,4 +431,20 @@ def _summary(console: Any, trainer: Any, wall: float, interrupted: bool) -> None
     table.add_row("metrics", os.path.join(trainer.args.output_dir, "metrics.jsonl"))
     if trainer.plot_paths:
         table.add_row("plots", "\n".join(trainer.plot_paths))
+    if interrupted:
+        table.add_row("resume", resume_hint(trainer.args.output_dir))
+    elif trainer.args.save_strategy != "no":
+        table.add_row("model", trainer.args.output_dir)
     console.print(table)
+
+
+def resume_hint(output_dir: str) -> str:
+    """After Ctrl-C: the command that continues from the last checkpoint, or why there is none."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+    if last is None:
+        return ("no checkpoint was written (save_strategy no, or before the first save); "
+                "pass --save-strategy steps --save-steps N to be able to resume")
+    return (f"add --resume_from_checkpoint true --output-dir {output_dir} to the same command "
+            f"(continues from {os.path.basename(last)})")

@@ -218,3 +218,15 @@ def test_reward_weights_as_name_equals_weight_like_rollout(tmp_path: Any) -> Non
         build_plan(["--reward", "digits=2", "--reward-weights", "1", "--output-dir", str(tmp_path / "b")])
     with pytest.raises(rlcore_errors.ConfigError, match="the weight after '=' must be a number"):
         build_plan(["--reward", "digits=x", "--output-dir", str(tmp_path / "c")])
+
+
+def test_an_interrupted_run_says_how_to_resume(tmp_path: Any) -> None:
+    """Ctrl-C printed the summary and exit 130, but not how to continue (or that nothing can be)."""
+    from rlcore.train_cli import resume_hint
+
+    run = tmp_path / "run"
+    assert "no checkpoint was written" in resume_hint(str(run)) and "--save-steps" in resume_hint(str(run))
+    (run / "checkpoint-10").mkdir(parents=True)
+    (run / "checkpoint-20").mkdir()
+    hint = resume_hint(str(run))
+    assert f"--resume_from_checkpoint true --output-dir {run}" in hint and "checkpoint-20" in hint

@@ -26,6 +26,7 @@ it stops the run at once (:class:`RewardCountError`) instead of being retried pe
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -245,11 +246,16 @@ class FunctionReward(Reward):
 
 def reward_function(reward: Any) -> Callable[..., Any] | None:
     """The function whose signature says what ``reward`` is given: a :class:`FunctionReward`'s
-    function, a :class:`Reward`'s ``score``; None for a reward with its own ``compute_reward``."""
+    function, a :class:`Reward`'s ``score`` (bound, or the class's own before it is built), a
+    plain function as registered; None for a reward with its own ``compute_reward``."""
     if isinstance(reward, FunctionReward):
         return reward.fn
     if isinstance(reward, Reward) and type(reward).compute_reward is Reward.compute_reward:
         return reward.score
+    if inspect.isclass(reward) and issubclass(reward, Reward) and reward.compute_reward is Reward.compute_reward:
+        return functools.partial(reward.score, None)  # the class's score without ``self``
+    if inspect.isfunction(reward):
+        return reward
     return None
 
 
@@ -264,12 +270,13 @@ def check_reward_columns(rewards: Sequence[Any], rows: Sequence[Mapping[str, Any
         if isinstance(row, Mapping):
             columns.update(dict.fromkeys(row))
     known = set(RewardInputs._BUILT) | set(TRL_REWARD_ARGS) | {"environments"} | set(columns)
-    for reward in rewards:
+    for reward in rewards:  # reward objects, or (name, registered factory) before anything is built
+        name, reward = reward if isinstance(reward, tuple) else (reward.name, reward)
         fn = reward_function(reward)
         if fn is None:
             continue
         try:
-            params = _signature(fn).parameters.values()
+            params = (inspect.signature(fn) if isinstance(fn, functools.partial) else _signature(fn)).parameters.values()
         except (TypeError, ValueError):  # a builtin or C callable: nothing to read
             continue
         missing = [p.name for p in params if p.default is inspect.Parameter.empty and p.name not in known
@@ -277,9 +284,9 @@ def check_reward_columns(rewards: Sequence[Any], rows: Sequence[Mapping[str, Any
         if missing:
             have = ", ".join(columns) or "none"
             raise DatasetError(
-                f"reward {reward.name!r} needs {', '.join(repr(m) for m in missing)}, which {source} has no column for "
-                f"(columns: {have}) and which is no reward input; add the column to the dataset, or give the "
-                f"parameter a default ({missing[0]}=None) to score rows without it")
+                f"reward {name!r} needs the column {', '.join(repr(m) for m in missing)}, which {source} does not have "
+                f"(columns: {have}); use a dataset with it, or, in a reward of your own, give the parameter a default "
+                f"({missing[0]}=None) to score rows without it")
 
 
 async def _score_into(reward: Any, fn: Callable[..., Any], trajectories: list[Trajectory]) -> dict[str, list[float | None]]:

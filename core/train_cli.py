@@ -251,6 +251,10 @@ def build_plan(argv: Sequence[str]) -> TrainPlan:
     from .training.prompts import check_columns
 
     check_columns(rows, script.get("prompt_column"), f"dataset {task}")
+    from .plugins import get
+    from .rewards import check_reward_columns
+
+    check_reward_columns([(n, get("reward", n)) for n in args.reward_funcs or []], rows, f"dataset {task}")
     return TrainPlan(args, os.path.expanduser(model), rows, task, script.get("prompt_column"),
                      script.get("system_prompt"), component_options, embedded.description if embedded else "")
 

@@ -150,12 +150,12 @@ def test_a_reward_needing_a_column_the_dataset_lacks_is_one_line_before_training
     check_reward_columns([FunctionReward("needs_solution", needs_solution)], rows)  # some rows have it: fine
     check_reward_columns([FunctionReward("optional_solution", optional_solution), as_reward("exact", lambda completions, prompts, trajectories: [])],
                          rows[:1])
-    with pytest.raises(DatasetError, match=r"reward 'needs_solution' needs 'solution', which train_dataset has no column "
-                                           r"for \(columns: prompt, answer\).*solution=None"):
+    with pytest.raises(DatasetError, match=r"reward 'needs_solution' needs the column 'solution', which train_dataset "
+                                           r"does not have \(columns: prompt, answer\).*solution=None"):
         check_reward_columns([FunctionReward("needs_solution", needs_solution)], rows[:1], "train_dataset")
 
     args = GRPOConfig(output_dir=str(tmp_path / "run"), num_generations=2, per_device_train_batch_size=2, max_steps=1,
                       max_completion_length=4, report_to="none", save_strategy="no", plots=False, disable_tqdm=True)
-    with pytest.raises(DatasetError, match="needs 'solution'"):
+    with pytest.raises(DatasetError, match="needs the column 'solution'"):
         GRPOTrainer(tiny_model_path(), reward_funcs=[needs_solution], args=args, train_dataset=rows[:1] * 4)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -230,3 +230,34 @@ def test_an_interrupted_run_says_how_to_resume(tmp_path: Any) -> None:
     (run / "checkpoint-20").mkdir()
     hint = resume_hint(str(run))
     assert f"--resume_from_checkpoint true --output-dir {run}" in hint and "checkpoint-20" in hint
+
+
+def test_a_reward_needing_a_column_the_dataset_lacks_fails_before_the_model_loads(
+        tmp_path: Any, capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Registered rewards are checked from their signatures, before anything is built or loaded."""
+    import rlcore
+    from rlcore.rewards import Reward
+
+    class NeedsSolution(Reward):
+        def score(self, completions, solution):
+            return [0.0] * len(completions)
+
+    def register_rewards(register):
+        register("needs_solution_t", NeedsSolution)
+
+    import types
+
+    module = types.ModuleType("needs_solution_plugin_t")
+    module.register_rewards = rlcore.hookimpl(register_rewards)
+    import sys
+
+    sys.modules[module.__name__] = module
+    from rlcore.plugins import Plugins
+    import rlcore.plugins as registry_module
+
+    monkeypatch.setattr(registry_module, "_plugins", Plugins(allow=[], builtins=[*registry_module.BUILTIN_PLUGINS, module.__name__]))
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "1+1", "answer": "2"}\n')
+    err = _fails_before_model_load(["--dataset", str(rows), "--reward", "needs_solution_t", "--output-dir", str(tmp_path / "o")],
+                                   capsys, monkeypatch)
+    assert "reward 'needs_solution_t' needs the column 'solution'" in err and "(columns: prompt, answer)" in err

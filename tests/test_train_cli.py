@@ -67,6 +67,7 @@ def _fails_before_model_load(argv: list[str], capsys: Any, monkeypatch: pytest.M
         (["--dataset", "missing.jsonl", "--reward", "digits"], "missing.jsonl"),
         (["--dataset", "__BAD__", "--reward", "digits"], "prompt-column"),
         (["--config", "__CFG__"], "config file"),
+        (["--observers", "no_such_observer"], "no observer plugin named 'no_such_observer'"),  # was after the model loaded
     ],
 )
 def test_mistakes_are_one_line(argv: list[str], needle: str, tmp_path: Any, capsys: Any,

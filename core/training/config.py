@@ -353,6 +353,8 @@ def validate_components(cfg: GRPOConfig, extra_rewards: int = 0, environment_rew
     names = list(cfg.reward_funcs or [])
     for name in names:
         p.get("reward", name)
+    for name in cfg.observers or []:  # an observer is named like a component: a typo is one line, nothing loaded
+        p.observer(name)
     check_component_options(cfg)
     n = len(names) + extra_rewards
     if n + environment_rewards == 0:

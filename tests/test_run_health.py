@@ -102,3 +102,20 @@ def test_failure_settings_are_checked(tmp_path: Any) -> None:
         config(str(tmp_path), failure_threshold=1.5)
     with pytest.raises(ConfigError, match="failure_patience"):
         config(str(tmp_path), failure_patience=0)
+
+
+def test_plots_of_a_run_where_everything_failed_warn_about_nothing(tmp_path) -> None:
+    """A run stopped because every trajectory failed logs no reward: its plot printed matplotlib's
+    'No artists with labels found to put in legend' warning next to the one-line error."""
+    import json
+    import warnings
+
+    from rlcore.training.plots import write_plots
+
+    (tmp_path / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "reward": None, "failed_trajectories": 8.0}) + "\n" for s in (1, 2, 3)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        paths = write_plots(str(tmp_path))
+    assert [p.rsplit("/", 1)[-1] for p in paths] == ["reward.png", "completion_length.png"]
+    assert all((tmp_path / "plots" / name).stat().st_size > 1000 for name in ("reward.png", "completion_length.png"))

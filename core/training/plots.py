@@ -37,7 +37,10 @@ def write_plots(output_dir: str) -> list[str]:
         ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.grid(alpha=0.3)
-        ax.legend(loc="best")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="best")
+        else:  # nothing to draw (every trajectory of every step failed): say so rather than warn
+            ax.text(0.5, 0.5, "no values logged", ha="center", va="center", transform=ax.transAxes, color="gray")
         fig.tight_layout()
         path = os.path.join(out_dir, name)
         fig.savefig(path)

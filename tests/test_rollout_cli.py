@@ -141,3 +141,22 @@ def test_check_rollouts_names_a_model_path_that_does_not_exist(tmp_path: Path, c
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("Error: model path ") and "gone does not exist" in err and "\n" not in err
+
+
+def test_a_dataset_without_a_prompt_column_is_one_line_before_the_sampler_loads(
+        tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As in `rlcore train`: the rows are checked first (the model loaded, then the error came)."""
+    from rlcore.cli import main
+    import rlcore.sampling.hf as hf
+
+    def no_load(*a: Any, **k: Any) -> Any:  # fault injection: loading a sampler here is the bug
+        raise AssertionError("the sampler loaded before the dataset was checked")
+
+    monkeypatch.setattr(hf.HFSampler, "__init__", no_load)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"text": "hi", "answer": "1"}\n')
+    with pytest.raises(SystemExit) as exc:
+        main(["rollout", "--dataset", str(rows), "--output", str(tmp_path / "r.jsonl")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"Error: dataset {rows}: dataset row 0 has none of the columns") and "\n" not in err

@@ -152,6 +152,17 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
             opts["max_completion_length"] = task.task_config.get("max_completion_length")
     if opts["max_completion_length"] is None:
         opts["max_completion_length"] = 64
+    # the rows are read and checked before the model loads: a missing column is one line, nothing loaded
+    from ..data import load_rows
+    from ..training.prompts import check_columns
+
+    limit = opts["limit"] or None
+    if isinstance(dataset, (list, tuple)):
+        rows = list(dataset)[:limit]
+    else:
+        rows = list(load_rows(dataset, split=opts["dataset_split"], limit=limit,
+                              options=parse_dataset_options(opts.get("dataset_options"))))
+    check_columns(rows, opts["prompt_column"], f"dataset {dataset if isinstance(dataset, str) else 'rows'}")
 
     model = opts["model"]
     if model is None:
@@ -170,11 +181,8 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
         if opts["max_turns"] is not None:
             sched_opts["max_turns"] = opts["max_turns"]
         scheduler = build_scheduler(scheduler_factory, sampler, tokenizer, **sched_opts)
-        prompts = load_prompts(
-            dataset, tokenizer, split=opts["dataset_split"], prompt_column=opts["prompt_column"],
-            system_prompt=opts["system_prompt"], limit=opts["limit"] or None, tools=template_tools(scheduler),
-            options=parse_dataset_options(opts.get("dataset_options")),
-        )
+        prompts = load_prompts(rows, tokenizer, prompt_column=opts["prompt_column"], system_prompt=opts["system_prompt"],
+                               tools=template_tools(scheduler))
         params = SamplingParams(max_tokens=opts["max_completion_length"], temperature=opts["temperature"],
                                 top_p=opts["top_p"], seed=opts["seed"])
         result = await run_rollouts(

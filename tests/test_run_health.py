@@ -119,3 +119,24 @@ def test_plots_of_a_run_where_everything_failed_warn_about_nothing(tmp_path) -> 
         paths = write_plots(str(tmp_path))
     assert [p.rsplit("/", 1)[-1] for p in paths] == ["reward.png", "completion_length.png"]
     assert all((tmp_path / "plots" / name).stat().st_size > 1000 for name in ("reward.png", "completion_length.png"))
+
+
+def test_a_run_whose_rewards_score_nothing_stops(tmp_path: Any, tiny_model_dir: str) -> None:
+    """A reward giving None (or NaN) for every sample trained on nothing for the whole run, logged
+    reward null and ended 'done' with exit 0; now it stops after failure_patience steps."""
+    h = RunHealth(threshold=0.5, patience=2)
+    unscored, scored = [traj("ok", None)] * 4, [traj("ok", None)] * 3 + [traj("ok", 0.0)]
+    h.check(unscored)
+    h.check(scored)  # one scored trajectory is a learning signal: the count starts again
+    h.check(unscored)
+    with pytest.raises(RunFailedError, match="no reward scored any trajectory .* last 2 generation steps"):
+        h.check(unscored)
+
+    def nothing(completions: list[str]) -> list[float]:
+        return [float("nan")] * len(completions)
+
+    trainer = GRPOTrainer(tiny_model_dir, nothing, args=config(str(tmp_path), reward_funcs=[]),
+                          train_dataset=digits_dataset(16))
+    with pytest.raises(RunFailedError, match="no reward scored any trajectory"):
+        trainer.train()
+    assert trainer.state.global_step == 2

@@ -114,7 +114,7 @@ class GRPOConfig(TrainingArguments):
     logprob_chunk_size: int = field(default=1024, metadata={"help": "Positions per lm_head chunk when computing logprobs."})
     overwrite_output_dir: bool = field(default=False, metadata={"help": "A fresh run may replace the run already in output_dir (its checkpoints, metrics, plots are deleted)."})
     failure_threshold: float = field(default=0.5, metadata={"help": "Stop the run when more than this share of trajectories fails for failure_patience generation steps in a row (1 disables)."})
-    failure_patience: int = field(default=3, metadata={"help": "Consecutive bad generation steps (failed share over failure_threshold, or a reward raising on every sample) before the run stops."})
+    failure_patience: int = field(default=3, metadata={"help": "Consecutive bad generation steps (failed share over failure_threshold, a reward raising on every sample, or no reward scoring any trajectory) before the run stops."})
     plots: bool = field(default=True, metadata={"help": "Write reward/length PNGs to OUTPUT_DIR/plots at the end."})
     log_completions: bool = field(default=False, metadata={"help": "Append every generation's prompts, completions, rewards and advantages to OUTPUT_DIR/completions.jsonl and print a sample."})
     num_completions_to_print: int | None = field(default=None, metadata={"help": "How many completions to print per logged generation (None: all of them, as in TRL)."})

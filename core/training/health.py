@@ -5,6 +5,8 @@ Why: a run whose environment server is down fails every trajectory; it used to "
 flaky env, a timeout) and the step goes on without them; a failed share above
 ``failure_threshold`` for ``failure_patience`` generation steps in a row stops the run with
 :class:`~rlcore.errors.RunFailedError` (the CLI exits non-zero). Checkpoints already written stay.
+A run whose rewards score nothing (None or NaN for every trajectory) for ``failure_patience``
+generation steps in a row stops the same way: it would train on nothing while looking fine.
 (A reward that raises on every sample stops the run at once: ``GRPOTrainer._check_reward_failures``.)
 """
 
@@ -23,6 +25,7 @@ class RunHealth:
         self.threshold = float(threshold)
         self.patience = int(patience)
         self.failing_steps = 0
+        self.unscored_steps = 0
 
     def check(self, trajectories: Sequence[Any]) -> None:
         n = len(trajectories)
@@ -30,6 +33,15 @@ class RunHealth:
             return
         failed = [t for t in trajectories if t.status == "failed"]
         share = len(failed) / n
+        scorable = [t for t in trajectories if t.status != "failed"]
+        if scorable:  # every reward gave None/NaN for every trajectory: nothing to learn from
+            self.unscored_steps = self.unscored_steps + 1 if all(t.reward is None for t in scorable) else 0
+        if self.unscored_steps >= self.patience:
+            raise RunFailedError(
+                f"no reward scored any trajectory (every reward gave None or NaN) in each of the last "
+                f"{self.unscored_steps} generation steps, so the run trains on nothing — check what the rewards "
+                "read (rewards/<name> in metrics.jsonl, the dataset's columns) (or raise failure_patience)"
+            )
         self.failing_steps = self.failing_steps + 1 if share > self.threshold else 0
         if self.failing_steps >= self.patience:
             reasons = Counter(str(t.reason or "no reason given") for t in failed)

@@ -175,12 +175,14 @@ class HFSampler(Sampler):
         with self._lock:
             if self._asleep:
                 return
-            self._engine = None  # the static cache and the graphs over the old weights go too
+            # the static cache and the graphs go back to torch's allocator, where the training step
+            # in this process reuses them; an owned model's weights leave the GPU altogether
+            self._engine = None
             if self.owns_model and self.device.type != "cpu":
                 self.model.to("cpu")
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
             self._asleep = True
-            if self.device.type == "cuda" and torch.cuda.is_available():
-                torch.cuda.empty_cache()
 
     def wake_up(self) -> None:
         with self._lock:

@@ -160,3 +160,22 @@ def test_a_dataset_without_a_prompt_column_is_one_line_before_the_sampler_loads(
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"Error: dataset {rows}: dataset row 0 has none of the columns") and "\n" not in err
+
+
+def test_a_model_directory_without_tokenizer_files_is_one_line(tmp_path: Path, capsys: Any) -> None:
+    """transformers builds a tokenizer with an empty vocabulary for it; rollouts were then garbage."""
+    import shutil
+
+    from rlcore.cli import main
+    from rlcore.demo import tiny_model_path
+
+    model = tmp_path / "weights_only"
+    model.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(Path(tiny_model_path()) / name, model / name)
+    with pytest.raises(SystemExit) as exc:
+        main(["rollout", "--model", str(model), "--limit", "1", "--output", str(tmp_path / "r.jsonl")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("Error: the tokenizer of ") and "empty vocabulary" in err
+    assert not (tmp_path / "r.jsonl").exists()

@@ -1,6 +1,6 @@
 """The in-process ``vllm`` sampler against a stand-in for vLLM shaped by vLLM's real source.
 
-vLLM needs a GPU and is absent here; ``sys.modules["vllm"]`` is replaced by
+vLLM needs a GPU and is absent here; the ``vllm_standin`` fixture (rlcore's pytest plugin) installs
 :func:`rlcore.testing.vllm_standin.make_vllm_module`, whose docstring cites, per behaviour, the
 vLLM version and file it reproduces (``v1/serial_utils.py`` for what ``collective_rpc`` arguments
 become in the engine process, ``v1/sample/sampler.py`` for the logprob modes,
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 import types
 
 import pytest
@@ -23,25 +22,6 @@ from rlcore.algorithms.logprobs import naive_logprobs
 from rlcore.sampling.vllm import VLLMSampler, engine_kwargs
 from rlcore.sampling.vllm_support import PROCESSED, RAW, logprob_mismatch
 from rlcore.sampling.vllm_worker import WeightSyncExtension, write_weights
-from rlcore.testing.vllm_standin import make_vllm_module
-
-
-@pytest.fixture
-def use_vllm(monkeypatch):
-    """Install the stand-in as ``vllm`` (and ``vllm.inputs``) at a given version."""
-
-    def install(version: str = "0.33.0", **llm_attrs) -> types.ModuleType:
-        mod = make_vllm_module(version)
-        for k, v in llm_attrs.items():
-            setattr(mod.LLM, k, v)
-        inputs = types.ModuleType("vllm.inputs")
-        inputs.TokensPrompt = mod.TokensPrompt
-        mod.inputs = inputs
-        monkeypatch.setitem(sys.modules, "vllm", mod)
-        monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
-        return mod
-
-    return install
 
 
 @pytest.fixture
@@ -62,8 +42,8 @@ def shifted_state(llm, delta: float = 0.01) -> dict[str, torch.Tensor]:
 
 # --- 1: weights cross vLLM's msgpack path -------------------------------------------------------------
 @pytest.mark.parametrize("version", ["0.10.2", "0.33.0"])
-def test_weight_sync_survives_the_engine_process_boundary(use_vllm, tiny_model_dir, version) -> None:
-    use_vllm(version)
+def test_weight_sync_survives_the_engine_process_boundary(vllm_standin, tiny_model_dir, version) -> None:
+    vllm_standin(version)
     s = VLLMSampler(tiny_model_dir)
     new = shifted_state(s.llm)
     s.update_weights(new)
@@ -75,8 +55,8 @@ def test_weight_sync_survives_the_engine_process_boundary(use_vllm, tiny_model_d
     asyncio.run(s.close())
 
 
-def test_weights_go_in_bounded_buckets(use_vllm, tiny_model_dir) -> None:
-    use_vllm()
+def test_weights_go_in_bounded_buckets(vllm_standin, tiny_model_dir) -> None:
+    vllm_standin()
     s = VLLMSampler(tiny_model_dir, bucket_bytes=64 * 1024)
     new = shifted_state(s.llm, 0.02)
     s.update_weights(new)
@@ -86,8 +66,8 @@ def test_weights_go_in_bounded_buckets(use_vllm, tiny_model_dir) -> None:
 
 
 # --- 2: one logprob semantics ----------------------------------------------------------------------------
-async def test_processed_logprobs_equal_the_trainers(use_vllm, tiny_model_dir, prompt) -> None:
-    use_vllm("0.33.0")
+async def test_processed_logprobs_equal_the_trainers(vllm_standin, tiny_model_dir, prompt) -> None:
+    vllm_standin("0.33.0")
     s = VLLMSampler(tiny_model_dir)
     for t in (0.7, 1.0):
         c = await s.generate(prompt, SamplingParams(max_tokens=6, temperature=t, seed=3, stop_token_ids=[-1]))
@@ -95,8 +75,8 @@ async def test_processed_logprobs_equal_the_trainers(use_vllm, tiny_model_dir, p
     await s.close()
 
 
-async def test_truncation_with_processed_logprobs_is_refused(use_vllm, tiny_model_dir, prompt) -> None:
-    use_vllm("0.33.0")
+async def test_truncation_with_processed_logprobs_is_refused(vllm_standin, tiny_model_dir, prompt) -> None:
+    vllm_standin("0.33.0")
     s = VLLMSampler(tiny_model_dir)
     # what vLLM would have returned: renormalised over the kept tokens, not the trainer's value
     from rlcore.testing.vllm_standin import token_logprobs
@@ -113,8 +93,8 @@ async def test_truncation_with_processed_logprobs_is_refused(use_vllm, tiny_mode
     await s.close()
 
 
-async def test_raw_logprobs_at_temperature_one_allow_truncation(use_vllm, tiny_model_dir, prompt) -> None:
-    use_vllm("0.33.0")
+async def test_raw_logprobs_at_temperature_one_allow_truncation(vllm_standin, tiny_model_dir, prompt) -> None:
+    vllm_standin("0.33.0")
     s = VLLMSampler(tiny_model_dir, logprobs_mode=RAW)
     c = await s.generate(prompt, SamplingParams(max_tokens=6, temperature=1.0, top_k=5, top_p=0.9, seed=1))
     assert torch.allclose(torch.tensor(c.logprobs), trainer_logprobs(s.llm, prompt, c.token_ids, 1.0), atol=1e-5)
@@ -123,8 +103,8 @@ async def test_raw_logprobs_at_temperature_one_allow_truncation(use_vllm, tiny_m
     await s.close()
 
 
-def test_vllm_older_than_the_supported_range_is_refused(use_vllm, tiny_model_dir) -> None:
-    use_vllm("0.10.1.1")
+def test_vllm_older_than_the_supported_range_is_refused(vllm_standin, tiny_model_dir) -> None:
+    vllm_standin("0.10.1.1")
     with pytest.raises(SamplerError, match=r"needs vLLM >=0.10.2,<0.34, found 0.10.1.1"):
         VLLMSampler(tiny_model_dir)
 
@@ -145,8 +125,8 @@ def test_logprob_rule_per_vllm_version() -> None:
 
 
 # --- 7: one bad request fails alone ----------------------------------------------------------------------
-async def test_one_invalid_request_fails_alone(use_vllm, tiny_model_dir, prompt) -> None:
-    use_vllm("0.33.0")
+async def test_one_invalid_request_fails_alone(vllm_standin, tiny_model_dir, prompt) -> None:
+    vllm_standin("0.33.0")
     s = VLLMSampler(tiny_model_dir, batch_window_ms=100)
     good = SamplingParams(max_tokens=3, temperature=1.0, seed=2)
     results = await asyncio.gather(
@@ -166,8 +146,8 @@ async def test_one_invalid_request_fails_alone(use_vllm, tiny_model_dir, prompt)
 
 
 # --- 8: sleep state ----------------------------------------------------------------------------------------
-async def test_generate_while_asleep_fails_at_once_and_wake_up_does_not_deadlock(use_vllm, tiny_model_dir, prompt) -> None:
-    use_vllm("0.33.0", hang_s=3.0)
+async def test_generate_while_asleep_fails_at_once_and_wake_up_does_not_deadlock(vllm_standin, tiny_model_dir, prompt) -> None:
+    vllm_standin("0.33.0", hang_s=3.0)
     s = VLLMSampler(tiny_model_dir)
     s.sleep()
     loop = asyncio.get_running_loop()
@@ -180,8 +160,8 @@ async def test_generate_while_asleep_fails_at_once_and_wake_up_does_not_deadlock
     await s.close()
 
 
-async def test_update_weights_while_asleep_and_after_level_2(use_vllm, tiny_model_dir, prompt) -> None:
-    use_vllm("0.33.0")
+async def test_update_weights_while_asleep_and_after_level_2(vllm_standin, tiny_model_dir, prompt) -> None:
+    vllm_standin("0.33.0")
     s = VLLMSampler(tiny_model_dir)
     new = shifted_state(s.llm)
     s.sleep(level=1)
@@ -200,14 +180,14 @@ async def test_update_weights_while_asleep_and_after_level_2(use_vllm, tiny_mode
 
 
 # --- 6 (in process): the prefix-cache reset is checked ------------------------------------------------------
-def test_prefix_cache_reset_result_is_checked(use_vllm, tiny_model_dir) -> None:
-    use_vllm("0.33.0")
+def test_prefix_cache_reset_result_is_checked(vllm_standin, tiny_model_dir) -> None:
+    vllm_standin("0.33.0")
     s = VLLMSampler(tiny_model_dir)
     s.llm.running = 2  # requests holding blocks: 0.13+ preempts them with reset_running_requests=True
     s.reset_prefix_cache()
     assert s.llm.prefix_cache_resets == 1
     asyncio.run(s.close())
-    use_vllm("0.11.0")
+    vllm_standin("0.11.0")
     s = VLLMSampler(tiny_model_dir)
     s.llm.running = 2  # 0.11 has no reset_running_requests: reset_prefix_cache() returns False
     with pytest.raises(SamplerError, match="refused to reset its prefix cache"):
@@ -216,8 +196,8 @@ def test_prefix_cache_reset_result_is_checked(use_vllm, tiny_model_dir) -> None:
 
 
 # --- 9: colocated memory share ------------------------------------------------------------------------------
-def test_colocated_engine_takes_a_trainer_friendly_memory_share(use_vllm, tiny_model_dir) -> None:
-    use_vllm()
+def test_colocated_engine_takes_a_trainer_friendly_memory_share(vllm_standin, tiny_model_dir) -> None:
+    vllm_standin()
     assert engine_kwargs("/m")["gpu_memory_utilization"] == 0.3
     s = VLLMSampler(tiny_model_dir)
     assert s.llm.kwargs["gpu_memory_utilization"] == 0.3
@@ -225,8 +205,8 @@ def test_colocated_engine_takes_a_trainer_friendly_memory_share(use_vllm, tiny_m
 
 
 # --- 10: tensor parallelism and close() -------------------------------------------------------------------
-async def test_tensor_parallel_ranks_each_load_their_shard_and_close_shuts_down(use_vllm, tiny_model_dir, prompt) -> None:
-    use_vllm()
+async def test_tensor_parallel_ranks_each_load_their_shard_and_close_shuts_down(vllm_standin, tiny_model_dir, prompt) -> None:
+    vllm_standin()
     s = VLLMSampler(tiny_model_dir, tensor_parallel_size=2)
     new = shifted_state(s.llm, 0.03)
     s.update_weights(new)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-import types
 from typing import Any
 
 import pytest
@@ -24,7 +22,6 @@ from rlcore.sampling.hf import HFSampler
 from rlcore.sampling.hf_decode import Request
 from rlcore.tasks import digits_dataset
 from rlcore.trainer import GRPOConfig, GRPOTrainer
-from rlcore.testing.vllm_standin import make_vllm_module
 
 
 def config(tmp_path: Any, **over: Any) -> GRPOConfig:
@@ -111,20 +108,9 @@ def test_sleep_refuses_a_request_queued_before_it_and_levels_are_checked(tiny_mo
 
 
 # --- vLLM: TRL's vllm_enable_sleep_mode ---------------------------------------------------------------
-@pytest.fixture
-def standin_vllm(monkeypatch: Any) -> types.ModuleType:
-    mod = make_vllm_module("0.33.0")
-    mod.LLM.hang_s = 10.0  # generating on a sleeping engine fails the test instead of hanging
-    inputs = types.ModuleType("vllm.inputs")
-    inputs.TokensPrompt = mod.TokensPrompt
-    mod.inputs = inputs
-    monkeypatch.setitem(sys.modules, "vllm", mod)
-    monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
-    return mod
-
-
 def test_vllm_sleep_mode_sleeps_the_engine_through_training_like_trl(tmp_path: Any, tiny_model_dir: str,
-                                                                      standin_vllm: Any) -> None:
+                                                                      vllm_standin: Any) -> None:
+    vllm_standin(hang_s=10.0)  # generating on a sleeping engine fails the test instead of hanging
     runs = {}
     for sleep in (False, True):
         out = tmp_path / str(sleep)

@@ -21,6 +21,9 @@ What it provides:
   ``RLCORE_SHARED_DATA``). Tests that use it are marked ``shared_data``; when the folder is absent
   they skip with the path in the reason, and they fail instead when ``RLCORE_REQUIRE_SHARED_DATA=1``
   (CI sets it: there a missing folder is a broken checkout, not a reason to test less).
+- ``vllm_standin``: a factory that installs :mod:`rlcore.testing.vllm_standin` as ``vllm`` for the
+  test (``vllm_standin("0.33.0", **LLM class attributes)`` returns the module), so code built on
+  vLLM's offline API runs on a CPU.
 - ``gpu``-marked tests skip without a CUDA device.
 
 Heavy imports (torch, transformers) happen inside the fixtures. In another project's test run (one
@@ -172,6 +175,28 @@ def scripted_sampler(tiny_tokenizer: Any) -> Callable[..., Any]:
 
 
 # --- the shared data folder ----------------------------------------------------------------------------
+@pytest.fixture
+def vllm_standin(monkeypatch: pytest.MonkeyPatch) -> Callable[..., Any]:
+    """Install the vLLM stand-in as ``vllm`` and ``vllm.inputs`` at a version, for this test only."""
+    import sys
+    import types
+
+    from .vllm_standin import make_vllm_module
+
+    def install(version: str = "0.33.0", **llm_attrs: Any) -> types.ModuleType:
+        mod = make_vllm_module(version)
+        for k, v in llm_attrs.items():
+            setattr(mod.LLM, k, v)
+        inputs = types.ModuleType("vllm.inputs")
+        inputs.TokensPrompt = mod.TokensPrompt  # type: ignore[attr-defined]
+        mod.inputs = inputs  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, "vllm", mod)
+        monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+        return mod
+
+    return install
+
+
 def repository_root(start: Path) -> Path | None:
     """The git checkout holding ``start`` (the nearest directory with a ``.git``), or None."""
     for d in (start, *start.parents):

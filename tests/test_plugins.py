@@ -218,3 +218,12 @@ def test_rlcore_plugins_naming_a_distribution_that_is_not_installed_is_shown():
     with pytest.raises(UnknownComponentError, match="RLCORE_PLUGINS names 'rl-plugin-mth'"):
         p.get("reward", "no_such_reward_anywhere")
     assert not [r for r in Plugins(allow=["rl-plugin-math", "rlcore"]).list() if r.error]
+
+
+def test_components_shows_option_types_as_a_user_reads_them(capsys):
+    """`rlcore components KIND NAME` printed Python's "(NoneType, str, default None)"."""
+    from rlcore.cli import main
+
+    main(["components", "scheduler", "multi_turn"])
+    out = capsys.readouterr().out
+    assert "--max-turns (int | None, default None)" in out and "NoneType" not in out

@@ -223,7 +223,9 @@ def describe_options(factory: Callable[..., Any], kind: str | None = None) -> li
     lines = []
     params = component_parameters(kind, factory) if kind else factory_parameters(factory)
     for name, p in params.items():
-        kinds = ", ".join(sorted(t.__name__ for t in _types_of(p))) or "text"
+        types = {t.__name__ for t in _types_of(p)}
+        # as a user reads it: "str | None", never Python's "NoneType"
+        kinds = " | ".join(sorted(types - {"NoneType"}) + (["None"] if "NoneType" in types else [])) or "text"
         default = "" if p.default is inspect.Parameter.empty else f", default {p.default!r}"
         lines.append(f"--{name.replace('_', '-')} ({kinds}{default})")
     return lines

@@ -171,6 +171,11 @@ def test_a_model_that_cannot_load_is_one_line(tmp_path: Any, capsys: Any, monkey
     (tmp_path / "not_a_model").mkdir()
     err = _fails_before_model_load(["--model", str(tmp_path / "not_a_model")], capsys, monkeypatch)
     assert "not_a_model has no config.json" in err, err
+    from rlcore.training.components import check_model_dir
+
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "adapter_config.json").write_text("{}")
+    check_model_dir(str(tmp_path / "adapter"))  # a LoRA run's output: transformers loads it with its base
     monkeypatch.undo()
     monkeypatch.chdir(tmp_path)
     no_tokenizer = tmp_path / "weights_only"

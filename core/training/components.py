@@ -45,9 +45,11 @@ def check_model_dir(path: str) -> None:
     import os
 
     path = os.path.expanduser(str(path))
-    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
-        raise ConfigError(f"model directory {path} has no config.json, so it is not a saved transformers model; "
-                          "pass a directory written by save_pretrained (or a checkpoint-N directory) or a Hugging Face id")
+    saved = ("config.json", "adapter_config.json")  # a model, or a LoRA adapter (transformers loads its base)
+    if os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, name)) for name in saved):
+        raise ConfigError(f"model directory {path} has no config.json (nor adapter_config.json), so it is not a saved "
+                          "transformers model; pass a directory written by save_pretrained (or a checkpoint-N "
+                          "directory) or a Hugging Face id")
 
 
 def check_model_path(model: str) -> None:

@@ -267,3 +267,31 @@ def test_a_reward_needing_a_column_the_dataset_lacks_fails_before_the_model_load
     err = _fails_before_model_load(["--dataset", str(rows), "--reward", "needs_solution_t", "--output-dir", str(tmp_path / "o")],
                                    capsys, monkeypatch)
     assert "reward 'needs_solution_t' needs the column 'solution'" in err and "(columns: prompt, answer)" in err
+
+
+def test_a_lora_runs_output_trains_further_as_a_model(tmp_path: Any) -> None:
+    """`--model` = what a `--use_peft` run wrote (adapter_config.json, no config.json): transformers
+    attached the adapter its own way and the first checkpoint save failed in its peft integration;
+    it loads as a trainable PEFT model now, and its adapters keep training."""
+    from safetensors.torch import load_file
+
+    from rlcore import ConfigError, GRPOConfig, GRPOTrainer
+    from rlcore.demo import tiny_model_path
+    from rlcore.tasks import digits_dataset
+
+    def args(out: str, **over: Any) -> Any:
+        return GRPOConfig(output_dir=out, reward_funcs=["digits"], num_generations=2, per_device_train_batch_size=4,
+                          max_completion_length=4, max_steps=1, learning_rate=1e-2, save_strategy="steps",
+                          save_steps=1, report_to="none", plots=False, disable_tqdm=True, **over)
+
+    GRPOTrainer(tiny_model_path(), args=args(str(tmp_path / "run"), use_peft=True), train_dataset=digits_dataset(8)).train()
+    first = str(tmp_path / "run" / "checkpoint-1")
+    second = str(tmp_path / "second")
+    trainer = GRPOTrainer(first, args=args(second), train_dataset=digits_dataset(8))
+    assert hasattr(trainer.model, "peft_config")
+    trainer.train()
+    before = load_file(os.path.join(first, "adapter_model.safetensors"))
+    after = load_file(os.path.join(second, "checkpoint-1", "adapter_model.safetensors"))
+    assert sorted(before) == sorted(after) and any(not before[k].equal(after[k]) for k in before)
+    with pytest.raises(ConfigError, match="already a LoRA adapter"):
+        GRPOTrainer(first, args=args(str(tmp_path / "third"), use_peft=True), train_dataset=digits_dataset(8))

@@ -30,13 +30,29 @@ def load_model(model: Any, args: GRPOConfig, quantization_config: Any = None) ->
             if "quantization_config" in kwargs:
                 raise ConfigError("quantization_config is given both to the trainer and in model_init_kwargs; give it once")
             kwargs["quantization_config"] = quantization_config
-        model = from_pretrained(AutoModelForCausalLM, model, "model", **kwargs)
+        if _is_adapter_dir(model):  # a LoRA run's output: train its adapters further, as a PEFT model
+            try:
+                from peft import AutoPeftModelForCausalLM
+            except ImportError as exc:  # pragma: no cover - peft is a test dependency
+                raise MissingDependencyError(f"{model} is a LoRA adapter; loading it needs peft: pip install 'rlcore[peft]'") from exc
+            if args.use_peft:
+                raise ConfigError(f"{model} is already a LoRA adapter (it is trained further as it is); drop --use_peft")
+            model = from_pretrained(AutoPeftModelForCausalLM, model, "LoRA adapter", is_trainable=True, **kwargs)
+        else:
+            model = from_pretrained(AutoModelForCausalLM, model, "model", **kwargs)
     elif quantization_config is not None or args.model_init_kwargs:
         raise ConfigError("quantization_config / model_init_kwargs apply when the model is a path; "
                           "this model is already loaded (load it with those options yourself)")
     if args.disable_dropout:
         disable_dropout(model)
     return model
+
+
+def _is_adapter_dir(path: str) -> bool:
+    import os
+
+    path = os.path.expanduser(path)
+    return os.path.isfile(os.path.join(path, "adapter_config.json")) and not os.path.isfile(os.path.join(path, "config.json"))
 
 
 def check_model_dir(path: str) -> None:

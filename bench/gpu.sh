@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU set, in one short run on a CUDA machine (target: under 6 minutes on one H200):
 #   1. the sampler tests (both decode paths, CUDA graphs) on CUDA
-#   2. sampler throughput, qwen2-0.5b shape, bf16: 64x128 and 256x256, hf (graphs + fused forward) vs graphs
-#      over the model's own forward vs dynamic vs model.generate
+#   2. sampler throughput, qwen2-0.5b shape, bf16: 64x128 and 256x256, hf (graphs + fused forward, projections
+#      packed) vs the same unpacked vs graphs over the model's own forward vs dynamic vs model.generate
 #   3. where a graph step's time goes (decode_profile.py), fused forward and model forward
 #   4. one GRPO step rlcore vs TRL 1.16, qwen2-0.5b shape, 8 prompts x 8 x 256 tokens, fp32 then bf16
 #   5. the trainer / algorithms tests on CUDA
@@ -54,8 +54,9 @@ stage() {  # stage NAME LIMIT_S CMD...
 PYTEST="env PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python3 -m pytest -q -p pytest_asyncio.plugin -p pytest_timeout --timeout 90"
 stage "sampler tests (cuda)" 100 $PYTEST tests/test_sampling_hf_static.py tests/test_sampling_hf_fused.py \
   tests/test_sampling_hf.py tests/test_sampling_processing.py
-stage "sampler throughput" 150 python3 bench/sampler_throughput.py --sizes qwen2-0.5b --device cuda --dtype bfloat16 \
-  --work 64x128 256x256 --modes batched static_model dynamic generate --repeats 2 --out "$OUT/sampler_throughput_gpu"
+stage "sampler throughput" 180 python3 bench/sampler_throughput.py --sizes qwen2-0.5b --device cuda --dtype bfloat16 \
+  --work 64x128 256x256 --modes batched static_unpacked static_model dynamic generate --repeats 2 \
+  --out "$OUT/sampler_throughput_gpu"
 stage "decode profile" 60 python3 bench/decode_profile.py --shape qwen2-0.5b --dtype bfloat16 --buckets 64 256 --out "$OUT/decode_profile_gpu"
 GRPO="python3 bench/grpo_step.py --shape qwen2-0.5b --prompts 8 --num-generations 8 --max-completion-length 256 --steps 2 --warmup 1"
 stage "grpo step fp32" 80 $GRPO --out "$OUT/grpo_step_gpu_fp32"

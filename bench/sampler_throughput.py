@@ -9,6 +9,7 @@ trajectories waiting on their next turn, ``T`` tokens each) it measures generate
 - ``static``     — forced onto the static path (``decode="static"``: graphs on CUDA, eager on CPU),
   with the fused decode forward for Llama-family models (:mod:`rlcore.sampling.hf_fused`);
 - ``static_model`` — the static path running the model's own forward (``fused_decode=False``);
+- ``static_unpacked`` — the fused forward with every projection its own matmul (``pack_projections=False``);
 - ``one_by_one`` — the sampler with ``max_batch_size=1`` (a forward loop per request; its
   throughput does not depend on how many wait, so at most ``--serial-cap`` requests are timed);
 - ``generate``   — ``model.generate`` on the left-padded batch (sampling, fixed length);
@@ -117,6 +118,8 @@ def bench_size(size: str, work: list[tuple[int, int]], modes: list[str], a: argp
         "static": lambda: HFSampler(model, tok, batch_window_ms=5, max_batch_size=biggest, num_threads=threads, decode="static"),
         "static_model": lambda: HFSampler(model, tok, batch_window_ms=5, max_batch_size=biggest, num_threads=threads,
                                           decode="static", fused_decode=False),
+        "static_unpacked": lambda: HFSampler(model, tok, batch_window_ms=5, max_batch_size=biggest, num_threads=threads,
+                                             decode="static", pack_projections=False),
         "one_by_one": lambda: HFSampler(model, tok, max_batch_size=1, num_threads=threads),
     }
     live: dict[str, HFSampler] = {}
@@ -153,7 +156,7 @@ def bench_size(size: str, work: list[tuple[int, int]], modes: list[str], a: argp
             row.update(tokens=runs[0][0], seconds=round(statistics.median(s for _, s in runs), 3),
                        tokens_per_s=round(statistics.median(tps), 1), runs_tokens_per_s=[round(x, 1) for x in tps])
             eng = getattr(live.get(mode), "_engine", None)  # (an older rlcore, compared side by side, has none)
-            if mode in ("batched", "static", "static_model"):
+            if mode in ("batched", "static", "static_model", "static_unpacked"):
                 row["decode"] = "cuda_graph" if eng is not None and eng.use_graphs else ("static" if eng else "dynamic")
                 if eng is not None:
                     row["graphs"] = eng.captures
@@ -161,7 +164,8 @@ def bench_size(size: str, work: list[tuple[int, int]], modes: list[str], a: argp
                     if full:  # attention's key/value reads with column buckets, against whole slots
                         row["kv_read_fraction"] = round(read / full, 3)
                         row["kv_mb_per_step"] = round(read / 1e6 / max(1, sum(eng.steps_by_cols.values()) - kv0[2]), 1)
-                    row["forward"] = "fused" if getattr(eng, "fused", None) is not None else "model"
+                    fused = getattr(eng, "fused", None)
+                    row["forward"] = "model" if fused is None else ("fused, packed" if getattr(fused, "packed", False) else "fused")
             rows.append(row)
             if save is not None:
                 save(rows)  # after every row: a run stopped by a time limit keeps what it measured
@@ -210,7 +214,8 @@ def main() -> None:
     ap.add_argument("--work", nargs="+", default=None, metavar="CxT",
                     help="concurrency x tokens pairs, e.g. 64x128 256x256 (instead of --levels/--max-tokens)")
     ap.add_argument("--modes", nargs="+", default=["batched", "one_by_one", "continuous"],
-                    choices=["batched", "dynamic", "static", "static_model", "one_by_one", "generate", "continuous"])
+                    choices=["batched", "dynamic", "static", "static_model", "static_unpacked", "one_by_one", "generate",
+                             "continuous"])
     ap.add_argument("--no-plot", action="store_true", help="write the JSON only")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--dtype", default="float32")

@@ -17,7 +17,7 @@ import torch
 
 from rlcore import SamplingParams
 from rlcore.sampling.hf import HFSampler
-from rlcore.sampling.hf_fused import FusedDecode, forward_autocast, rotate_half_matrix, rotation, unsupported
+from rlcore.sampling.hf_fused import FusedDecode, forward_autocast, pack_groups, rotate_half_matrix, rotation, unsupported
 from rlcore.sampling.hf_static import _layer_kv
 
 
@@ -51,7 +51,7 @@ def prompts_for(tok) -> list[list[int]]:
     return [tok.encode(t, add_special_tokens=False) for t in texts]
 
 
-def fused_step(model, prompts: list[list[int]], columns: int = 64, prefill=None) -> torch.Tensor:
+def fused_step(model, prompts: list[list[int]], columns: int = 64, prefill=None, pack: bool | None = None) -> torch.Tensor:
     """Logits of each prompt's last token from the fused step, over a static cache holding the real
     prefill (by ``prefill``, default ``model``) of the tokens before it (each row at its own length,
     as the static path lays them out)."""
@@ -73,7 +73,10 @@ def fused_step(model, prompts: list[list[int]], columns: int = 64, prefill=None)
         neg = torch.finfo(keys[0].dtype).min
         mask = torch.where(torch.arange(columns)[None] <= pos[:, None], 0.0, neg).to(keys[0].dtype)
         tok = torch.tensor([p[-1] for p in prompts])
-        return FusedDecode(model, torch.device("cpu"))(tok, pos, mask[:, None, None, :], keys, values, torch.arange(n)).float()
+        fused = FusedDecode(model, torch.device("cpu"), pack=pack)
+        # small models pack by default, what can be packed (LoRA layers are not)
+        assert fused.packed is (pack is not False and any(pack_groups(fused.model)))
+        return fused(tok, pos, mask[:, None, None, :], keys, values, torch.arange(n)).float()
 
 
 def full_forward(model, prompts: list[list[int]]) -> torch.Tensor:
@@ -90,14 +93,48 @@ def test_rotation_matrix_is_rotate_half_rope() -> None:
     assert torch.allclose(torch.bmm(x, rotation(cos, sin)), expected, atol=1e-6)
 
 
+@pytest.mark.parametrize("pack", [None, False])
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama", "mistral"])
-def test_fused_step_equals_the_models_forward(arch: str, tok) -> None:
+def test_fused_step_equals_the_models_forward(arch: str, pack: bool | None, tok) -> None:
     model = build(arch, len(tok))
     assert unsupported(model) is None
     prompts = prompts_for(tok)
-    got, ref = fused_step(model, prompts), full_forward(model, prompts)
+    got, ref = fused_step(model, prompts, pack=pack), full_forward(model, prompts)
     assert ref.abs().max() > 0.1  # real logits, not a degenerate model
     assert (got - ref).abs().max() < 1e-4, arch
+
+
+def test_packed_projections_follow_the_weights_batch_by_batch(tiny_model_dir: str, tok) -> None:
+    """The packed copies are refreshed before every batch, also after writes through ``.data`` (which
+    leave no trace in a parameter's version counter); the budget decides when to pack."""
+    from rlcore.sampling import hf_fused
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    prompt = prompts_for(tok)[2]
+    q = SamplingParams(max_tokens=6, seed=3, stop_token_ids=[-1])
+    s = HFSampler(model, tok, decode="static", batch_window_ms=1)
+    before = s.generate_sync(prompt, q)
+    assert s._engine.fused.packed
+    model.model.layers[0].self_attn.k_proj.weight.data.mul_(1.5)  # an optimizer that writes through .data
+    model.model.layers[1].mlp.up_proj.weight.data.mul_(0.5)
+    after = s.generate_sync(prompt, q)
+    assert after.logprobs[0] != pytest.approx(before.logprobs[0], abs=1e-4)
+    assert torch.allclose(torch.tensor(after.logprobs), _recompute(model, prompt, after.token_ids), atol=1e-4)
+    need, allowed = hf_fused.pack_budget(model, torch.device("cpu"))
+    assert 0 < need <= allowed and not FusedDecode(model, torch.device("cpu"), pack=False).packed
+    old = hf_fused.PACK_CPU_BYTES
+    hf_fused.PACK_CPU_BYTES = need - 1  # one byte short: not packed
+    try:
+        assert not FusedDecode(model, torch.device("cpu")).packed
+    finally:
+        hf_fused.PACK_CPU_BYTES = old
+
+
+def _recompute(model, prompt: list[int], completion: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1].float()
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None]).squeeze(1)
 
 
 def test_bf16_fused_step_is_as_close_to_float32_as_the_models_bf16_forward(tok) -> None:

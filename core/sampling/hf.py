@@ -62,6 +62,9 @@ class HFSampler(Sampler):
         fused_decode: on the static path, run Llama-family models (llama, mistral, qwen2, qwen3) through
             :mod:`~rlcore.sampling.hf_fused`, a decode forward in ~16 kernels per layer instead of ~44
             (False: the model's own forward; same function, float rounding apart).
+        pack_projections: let the fused forward stack q/k/v and gate/up weights into one matmul each
+            (~4 fewer kernels per layer), in copies refreshed before every batch. None (default):
+            when the copies fit in 10% of the GPU's memory (1 GiB on the CPU); True/False: always/never.
         num_threads: CPU threads every forward of the decode loop uses (set on the sampler's worker
             thread only). Default on CPU: small forwards (decode steps, a few joiners' prefill —
             under ``PARALLEL_MIN_FLOPS``) run on one thread and larger ones on all cores but one.
@@ -91,6 +94,7 @@ class HFSampler(Sampler):
         decode: str = "auto",
         cuda_graphs: bool = True,
         fused_decode: bool = True,
+        pack_projections: bool | None = None,
         **opts: Any,
     ) -> None:
         import torch
@@ -99,7 +103,7 @@ class HFSampler(Sampler):
             raise ConfigError(
                 f"hf sampler got unknown options: {', '.join(sorted(opts))}; it takes device, dtype, "
                 "batch_window_ms, max_batch_wait_ms, join_window_ms, max_batch_size, max_model_len, seed, num_threads, "
-                "decode, cuda_graphs, fused_decode"
+                "decode, cuda_graphs, fused_decode, pack_projections"
             )
         if decode not in ("auto", "static", "dynamic"):
             raise ConfigError(f"hf sampler decode must be auto, static or dynamic, got {decode!r}")
@@ -132,6 +136,7 @@ class HFSampler(Sampler):
         self.decode_mode = decode
         self.cuda_graphs = cuda_graphs
         self.fused_decode = fused_decode
+        self.pack_projections = pack_projections
         self._engine: Any = None  # the static path's cache and graphs, built on first use
         from .hf_static import static_eligible
 
@@ -259,7 +264,8 @@ class HFSampler(Sampler):
                 last = None
                 if self._static_ok:
                     if self._engine is None:
-                        self._engine = StaticEngine(self, use_graphs=self.cuda_graphs, fused=self.fused_decode)
+                        self._engine = StaticEngine(self, use_graphs=self.cuda_graphs, fused=self.fused_decode,
+                                                    pack=self.pack_projections)
                     try:
                         last = StaticDecoder(self, handle, self._engine).run()
                     except NotStatic as exc:  # found at the first prefill, before any row was answered

@@ -139,9 +139,10 @@ class StaticEngine:
     """The static cache, the per-slot sampling state and the captured graphs. Owned by the sampler
     and kept across batches (graphs are captured once per bucket and sampling features)."""
 
-    def __init__(self, sampler: DecodeHost, use_graphs: bool, fused: bool = True) -> None:
+    def __init__(self, sampler: DecodeHost, use_graphs: bool, fused: bool = True, pack: bool | None = None) -> None:
         self.s = sampler
         self.want_fused = fused
+        self.pack = pack  # FusedDecode's packed projections (None: when the memory allows)
         self.fused: FusedDecode | None = None  # the few-kernel forward, when the model is one it knows
         self.fused_why: str | None = "not checked yet"
         self.fused_state: tuple = ()
@@ -182,12 +183,14 @@ class StaticEngine:
                 log.info("hf sampler: static decode runs the model's own forward (%s)", why)
             self._drop_graphs()
             self.fused_state, self.fused_why = state, why
-            self.fused = FusedDecode(self.s.model, self.dev) if why is None else None
+            self.fused = FusedDecode(self.s.model, self.dev, pack=self.pack) if why is None else None
             failed = self._verify_fused() if self.fused is not None else None
             if failed is not None:
                 log.warning("hf sampler: the fused decode forward is off for this model (%s); decoding with the "
                             "model's own forward", failed)
                 self.fused, self.fused_why = None, f"self-check: {failed}"
+        elif self.fused is not None:
+            self.fused.refresh()  # the packed projections: this batch decodes with today's weights
 
     def _verify_fused(self) -> str | None:
         """Why the fused forward cannot be trusted with this model on this device, or None.

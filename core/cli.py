@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from .errors import RlcoreError
+from .errors import RewardFunctionError, RlcoreError
 from .plugins import plugins
 
 
@@ -100,8 +100,30 @@ def main(argv: list[str] | None = None) -> Any:
         exc.show()
         sys.exit(exc.exit_code)
     except RlcoreError as exc:
+        if isinstance(exc, RewardFunctionError) and exc.__cause__ is not None:
+            click.echo(user_traceback(exc.__cause__), err=True)  # the message points at it: where the reward broke
         click.echo(f"Error: {exc}", err=True)
         sys.exit(2)
+
+
+def user_traceback(exc: BaseException) -> str:
+    """``exc``'s traceback without rlcore's own frames: the lines of the user's code (a reward
+    function) that raised, which a one-line error cannot carry."""
+    import os
+    import traceback
+
+    import asyncio
+    import concurrent.futures
+    import threading
+
+    machinery = tuple(os.path.dirname(os.path.abspath(m.__file__ or "")) for m in (asyncio, concurrent.futures))
+    machinery += (os.path.dirname(os.path.abspath(__file__)), os.path.abspath(threading.__file__ or ""))
+    frames = traceback.extract_tb(exc.__traceback__)
+    last = max((i for i, f in enumerate(frames) if os.path.abspath(f.filename).startswith(machinery)), default=-1)
+    frames = frames[last + 1:] or frames  # what ran after rlcore and the thread/event-loop plumbing handed over
+    lines = ["Traceback (most recent call last; rlcore's frames left out):\n"]
+    lines += traceback.format_list(frames) + traceback.format_exception_only(type(exc), exc)
+    return "".join(lines).rstrip()
 
 
 if __name__ == "__main__":  # pragma: no cover

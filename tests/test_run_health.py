@@ -140,3 +140,32 @@ def test_a_run_whose_rewards_score_nothing_stops(tmp_path: Any, tiny_model_dir: 
     with pytest.raises(RunFailedError, match="no reward scored any trajectory"):
         trainer.train()
     assert trainer.state.global_step == 2
+
+
+def test_the_cli_shows_where_a_reward_raised_before_its_one_line(tmp_path: Any, capsys: Any, monkeypatch) -> None:
+    """The line says "its traceback is above", but the CLI printed only the line: the user could not
+    see where their reward broke. Now the reward's own frames come first, rlcore's left out."""
+    import sys
+    import types
+
+    import rlcore
+    import rlcore.plugins as registry_module
+    from rlcore.cli import main
+    from rlcore.plugins import Plugins
+
+    def fragile_reward_t(completions: list[str]) -> list[float]:
+        return [{}["solution"] for _ in completions]  # the bug the user must find
+
+    module = types.ModuleType("fragile_reward_plugin_t")
+    module.register_rewards = rlcore.hookimpl(lambda register: register("fragile_reward_t", fragile_reward_t))
+    sys.modules[module.__name__] = module
+    monkeypatch.setattr(registry_module, "_plugins",
+                        Plugins(allow=[], builtins=[*registry_module.BUILTIN_PLUGINS, module.__name__]))
+    with pytest.raises(SystemExit) as exc:
+        main(["train", "--reward", "fragile_reward_t", "--max_steps", "2", "--output_dir", str(tmp_path / "o")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("Error: reward 'fragile_reward_t' raised on all") and "traceback is above" in err[-1]
+    shown = "\n".join(err[:-1])
+    assert "in fragile_reward_t" in shown and "[\"solution\"]" in shown and "KeyError: 'solution'" in shown
+    assert "rlcore/" not in shown.replace("rlcore's", "")  # none of rlcore's own frames

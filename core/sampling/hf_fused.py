@@ -219,11 +219,11 @@ def pack_groups(lm: Any) -> list[dict[str, list[Any]]]:
     return out
 
 
-def pack_budget(lm: Any, device: torch.device) -> tuple[int, int]:
+def pack_budget(lm: Any, device: torch.device, groups: list[dict[str, list[Any]]] | None = None) -> tuple[int, int]:
     """``(bytes the packed copies take, bytes allowed)`` on ``device``: ``PACK_SHARE`` of a CUDA
-    device's memory, ``PACK_CPU_BYTES`` elsewhere."""
+    device's memory, ``PACK_CPU_BYTES`` elsewhere. ``groups``: :func:`pack_groups` of ``lm``, when known."""
     need = sum(m.weight.numel() * m.weight.element_size() + (m.bias.numel() * m.bias.element_size() if m.bias is not None else 0)
-               for groups in pack_groups(lm) for mods in groups.values() for m in mods)
+               for layer in (groups if groups is not None else pack_groups(lm)) for mods in layer.values() for m in mods)
     if device.type == "cuda":
         return need, int(PACK_SHARE * torch.cuda.get_device_properties(device).total_memory)
     return need, PACK_CPU_BYTES
@@ -241,13 +241,14 @@ class FusedDecode:
         self.qk_norm = FAMILIES[self.model.config.model_type]
         self.autocast = forward_autocast(model, device)
         self._perm: dict[tuple, torch.Tensor] = {}
+        groups_by_layer = pack_groups(self.model)
         if pack is None:
-            need, allowed = pack_budget(self.model, device)
+            need, allowed = pack_budget(self.model, device, groups_by_layer)
             pack = need <= allowed
         # per layer: group name -> (modules, stacked weight, stacked bias or None)
         self.packs: list[dict[str, tuple[list[Any], torch.Tensor, torch.Tensor | None]]] = []
         if pack:
-            for groups in pack_groups(self.model):
+            for groups in groups_by_layer:
                 layer = {}
                 for name, mods in groups.items():
                     w = torch.empty((sum(m.weight.shape[0] for m in mods), mods[0].weight.shape[1]),
@@ -313,7 +314,7 @@ class FusedDecode:
             r = rots.get(q.dtype)
             if r is None:
                 r = rots[q.dtype] = rot.to(q.dtype)
-            if "qkv" in pack and not self.qk_norm and k.dtype == q.dtype:
+            if "qkv" in pack and not self.qk_norm:
                 # q and k side by side in the packed output: one rotation for all their heads
                 hq = q.shape[1]
                 qk = torch.bmm(qkv[:, : (hq + k.shape[1]) * d].view(b, -1, d), r)

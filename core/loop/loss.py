@@ -51,6 +51,30 @@ def pack(trajectories: Sequence[Trajectory], advantages: Any, pad_token_id: int,
     return batch.to(device) if device is not None else batch
 
 
+def pad_to_multiple(batch: Batch, multiple: int | None, pad_token_id: int) -> Batch:
+    """``batch`` with its sequence length padded on the right to a multiple of ``multiple`` (TRL's
+    ``pad_to_multiple_of``: fixed shapes for compilers such as Neuron's). The new positions are
+    padding in every tensor (attention and completion masks 0), and the model is causal, so no
+    logprob, advantage or loss of a real token changes."""
+    T = int(batch.input_ids.shape[1])
+    if not multiple or multiple <= 1 or T % multiple == 0:
+        return batch
+    extra = multiple - T % multiple
+
+    def grow(x: Any, value: float) -> Any:
+        if x is None or x.dim() < 2:
+            return x
+        return torch.nn.functional.pad(x, (0, extra), value=value)
+
+    out = grow(batch.input_ids, pad_token_id)
+    import attrs
+
+    return attrs.evolve(batch, input_ids=out, attention_mask=grow(batch.attention_mask, 0),
+                        completion_mask=grow(batch.completion_mask, 0.0), advantages=grow(batch.advantages, 0.0),
+                        sampler_logps=grow(batch.sampler_logps, 0.0), old_logps=grow(batch.old_logps, 0.0),
+                        ref_logps=grow(batch.ref_logps, 0.0))
+
+
 @torch.no_grad()
 def batch_logprobs(model: Any, batch: Batch, *, temperature: float = 1.0, chunk_size: int = 1024,
                    rows_per_pass: int | None = None) -> torch.Tensor:
@@ -68,31 +92,39 @@ def batch_logprobs(model: Any, batch: Batch, *, temperature: float = 1.0, chunk_
 
 def batch_loss(model: Any, batch: Batch, loss_fn: Any, config: Any, *, temperature: float = 1.0,
                chunk_size: int = 1024, top_entropy_quantile: float = 1.0,
-               use_sampler_logps: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
+               use_sampler_logps: bool = False, router_aux: Any = None) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss plugin on ``batch`` under ``model`` (with gradient) and its metrics.
 
     ``config`` is a :class:`~rlcore.algorithms.losses.LossConfig`. A batch with no trainable token
     gives a zero that still touches every trainable parameter (so data-parallel gradient hooks fire)
     and no metrics. ``top_entropy_quantile`` < 1 trains only on the highest-entropy tokens (TRL);
     ``use_sampler_logps`` hands the sampler's logprobs to the loss for IS correction.
+    ``router_aux`` (:class:`~rlcore.training.model_options.RouterAux`) adds an MoE model's
+    load-balancing loss of this forward times its coefficient (TRL's ``router_aux_loss_coef``).
     """
     if batch.size == 0 or float(batch.completion_mask.sum()) == 0:
         device = batch.input_ids.device if batch.size else next(model.parameters()).device
         zero = sum((p.sum() * 0.0 for p in model.parameters() if p.requires_grad), torch.zeros((), device=device))
         return zero, {}
+    router_logits: list[Any] | None = [] if router_aux is not None else None
     logps, entropy = completion_logprobs(
         model, batch.input_ids, batch.attention_mask, batch.completion_mask,
-        temperature=temperature, chunk_size=chunk_size, entropy=True,
+        temperature=temperature, chunk_size=chunk_size, entropy=True, router_logits=router_logits,
     )
     loss_mask = batch.completion_mask
     if top_entropy_quantile < 1.0:
         loss_mask = loss_mask * high_entropy_mask(entropy, loss_mask, 1.0 - top_entropy_quantile)
     loss, metrics = loss_fn(
         logps, batch.old_logps, batch.advantages, loss_mask,
-        ref_logps=batch.ref_logps, sampler_logps=batch.sampler_logps if use_sampler_logps else None,
+        ref_logps=batch.ref_logps,
+        sampler_logps=batch.sampler_logps if use_sampler_logps or getattr(config, "off_policy_mask_threshold", None) is not None else None,
         is_valid=batch.is_valid, config=config,
     )
     mask = batch.completion_mask
     metrics = dict(metrics)
     metrics["entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1.0))
+    if router_aux is not None and router_logits:
+        aux = router_aux.loss(router_logits[0], batch.attention_mask)
+        loss = loss + router_aux.coef * aux
+        metrics["aux_loss"] = float(aux.detach())
     return loss, metrics

@@ -30,6 +30,16 @@ RESERVED_TEMPLATE_ARGS = ("tokenize", "add_generation_prompt", "tools", "continu
                           "return_dict", "chat_template")
 
 
+def check_vocabulary(tokenizer: Any, source: Any, instead: str = "or, in Python, pass the tokenizer") -> Any:
+    """``tokenizer``, unless it is empty: transformers builds a tokenizer of one token or none for a
+    directory without tokenizer files, and every prompt would then encode to nothing. One place for
+    this check, so the CLI, the trainer and a sampler built directly all say the same line."""
+    if len(tokenizer) <= 1:
+        raise ConfigError(f"the tokenizer of {str(source)!r} has an empty vocabulary: the directory has no tokenizer "
+                          f"files (tokenizer.json …); save it next to the model (tokenizer.save_pretrained) {instead}")
+    return tokenizer
+
+
 def check_chat_template_kwargs(kwargs: dict[str, Any]) -> None:
     clash = sorted(set(kwargs) & set(RESERVED_TEMPLATE_ARGS))
     if clash:

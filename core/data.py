@@ -243,6 +243,15 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _source_hint(prefix: str) -> str:
+    """For ``prefix:spec`` that was tried as a hub name: the dataset sources it might have meant."""
+    from .plugins import plugins
+
+    available = sorted(plugins().available("dataset"))
+    return (f"{prefix!r} is not a registered dataset source either (sources: {', '.join(available) or 'none'}; "
+            "`rlcore components dataset`); ")
+
+
 def _read_hub(name: str, split: str) -> list[dict[str, Any]]:
     try:
         import datasets
@@ -254,7 +263,7 @@ def _read_hub(name: str, split: str) -> list[dict[str, Any]]:
     except Exception as exc:  # noqa: BLE001
         raise DatasetError(
             f"cannot load dataset {name!r} (split {split!r}): {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; "
-            "pass a local .jsonl/.json/.parquet file instead"
+            f"{_source_hint(repo) if config else ''}pass a local .jsonl/.json/.parquet file instead"
         ) from exc
     return [dict(r) for r in ds]
 

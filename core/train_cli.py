@@ -256,7 +256,19 @@ def build_plan(argv: Sequence[str]) -> TrainPlan:
 
     check_reward_columns([(n, get("reward", n)) for n in args.reward_funcs or []], rows, f"dataset {task}")
     return TrainPlan(args, os.path.expanduser(model), rows, task, script.get("prompt_column"),
-                     script.get("system_prompt"), component_options, embedded.description if embedded else "")
+                     script.get("system_prompt"), component_options, _task_description(embedded, args))
+
+
+def _task_description(embedded: Any, args: Any) -> str:
+    """The embedded task's description, saying so when the run scores it with other rewards (its
+    description names the task's own reward, which ``--reward`` replaced)."""
+    if embedded is None:
+        return ""
+    own = list(embedded.task_config.get("reward_funcs") or [])
+    chosen = list(args.reward_funcs or [])
+    if not own or chosen == own:
+        return embedded.description
+    return f"{embedded.description} (its reward {', '.join(own)}; this run scores with {', '.join(chosen)})"
 
 
 def _scheduler_factory(rest: Sequence[str], file_values: dict[str, Any]) -> Any:

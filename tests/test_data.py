@@ -65,6 +65,8 @@ def test_dataset_errors(tok: Any, tmp_path: Path) -> None:
         load_rows(str(tmp_path / "bad.jsonl"))
     with pytest.raises(rlcore.DatasetError, match="cannot load dataset 'no-such-org/no-such-set'"):
         load_rows("no-such-org/no-such-set")
+    with pytest.raises(rlcore.DatasetError, match=r"'nope' is not a registered dataset source either \(sources: .*rlcore"):
+        load_rows("nope:thing")  # SOURCE:SPEC with a misspelt source is tried as a hub name, then named as a source
 
 
 def test_shared_gsm8k_reads(tok: Any, shared_data: Path) -> None:

@@ -179,3 +179,22 @@ def test_a_model_directory_without_tokenizer_files_is_one_line(tmp_path: Path, c
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("Error: the tokenizer of ") and "empty vocabulary" in err
     assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_an_hf_sampler_built_directly_refuses_a_directory_without_tokenizer_files(tmp_path: Path) -> None:
+    """The same check as the CLI's and the trainer's (one place: rlcore.chat_template.check_vocabulary)."""
+    import shutil
+
+    import rlcore
+    from rlcore.demo import tiny_model_path
+
+    model = tmp_path / "weights_only"
+    model.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(Path(tiny_model_path()) / name, model / name)
+    with pytest.raises(rlcore.ConfigError, match=r"^the tokenizer of .*weights_only' has an empty vocabulary"):
+        rlcore.get("sampler", "hf")(str(model))
+    from transformers import AutoTokenizer
+
+    sampler = rlcore.get("sampler", "hf")(str(model), tokenizer=AutoTokenizer.from_pretrained(tiny_model_path()))
+    assert len(sampler.tokenizer) > 1  # a tokenizer passed in is the way out the message names

@@ -169,3 +169,23 @@ def test_the_cli_shows_where_a_reward_raised_before_its_one_line(tmp_path: Any, 
     shown = "\n".join(err[:-1])
     assert "in fragile_reward_t" in shown and "[\"solution\"]" in shown and "KeyError: 'solution'" in shown
     assert "rlcore/" not in shown.replace("rlcore's", "")  # none of rlcore's own frames
+
+
+@pytest.mark.parametrize("logs, shown", [
+    ({"reward": 0.5, "completion_length": 7.5, "num_turns": 1, "completions/mean_length": 7.5}, "reward 0.500 · len 7.5"),
+    # multi-turn: completion_length counts observations too; the bar shows turns and sampled tokens
+    ({"reward": 0.25, "completion_length": 200.0, "num_turns": 4.5, "completions/mean_length": 18.0},
+     "reward 0.250 · turns 4.5 · sampled 18.0"),
+])
+def test_the_progress_bar_shows_what_the_model_sampled(logs: dict, shown: str) -> None:
+    from transformers import TrainerState
+
+    from rlcore.training.progress import RichProgressCallback
+
+    bar, state = RichProgressCallback(), TrainerState(max_steps=3)
+    bar.on_train_begin(None, state, None)
+    try:
+        bar.on_log(None, state, None, logs=logs)
+        assert bar.progress.tasks[0].fields["info"] == shown
+    finally:
+        bar.stop()

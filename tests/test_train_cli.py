@@ -68,6 +68,7 @@ def _fails_before_model_load(argv: list[str], capsys: Any, monkeypatch: pytest.M
         (["--dataset", "__BAD__", "--reward", "digits"], "prompt-column"),
         (["--config", "__CFG__"], "config file"),
         (["--observers", "no_such_observer"], "no observer plugin named 'no_such_observer'"),  # was after the model loaded
+        (["--scheduler", "env_scheduler", "--env", "no_such_env"], "no env named 'no_such_env'"),  # was after the model loaded
     ],
 )
 def test_mistakes_are_one_line(argv: list[str], needle: str, tmp_path: Any, capsys: Any,
@@ -295,3 +296,12 @@ def test_a_lora_runs_output_trains_further_as_a_model(tmp_path: Any) -> None:
     assert sorted(before) == sorted(after) and any(not before[k].equal(after[k]) for k in before)
     with pytest.raises(ConfigError, match="already a LoRA adapter"):
         GRPOTrainer(first, args=args(str(tmp_path / "third"), use_peft=True), train_dataset=digits_dataset(8))
+
+
+def test_the_header_does_not_claim_the_tasks_reward_when_the_run_replaced_it(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    own = build_plan([])
+    assert own.task_description == "made-up sums, rewarded for answering in digits"
+    other = build_plan(["--reward", "length_penalty", "--output-dir", str(tmp_path / "o")])
+    assert other.args.reward_funcs == ["length_penalty"]
+    assert other.task_description.endswith("(its reward digits; this run scores with length_penalty)")

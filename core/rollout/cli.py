@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from ..chat_template import check_vocabulary
 from ..errors import ConfigError, RunFailedError
 
 
@@ -178,9 +179,7 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
         tokenizer = getattr(sampler, "tokenizer", None)
         if tokenizer is None:
             raise ConfigError(f"sampler {opts['sampler']!r} has no tokenizer; it is needed to encode prompts")
-        if len(tokenizer) <= 1:  # transformers builds an empty tokenizer for a directory without tokenizer files
-            raise ConfigError(f"the tokenizer of {str(model)!r} has an empty vocabulary: the directory has no tokenizer "
-                              "files (tokenizer.json …); save it next to the model (tokenizer.save_pretrained)")
+        check_vocabulary(tokenizer, model, "")
         if opts["max_turns"] is not None:
             sched_opts["max_turns"] = opts["max_turns"]
         scheduler = build_scheduler(scheduler_factory, sampler, tokenizer, **sched_opts)

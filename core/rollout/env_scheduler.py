@@ -82,10 +82,15 @@ class EnvScheduler(MultiTurnScheduler):
         return self.max_env_calls
 
     # --- what subclasses may override ----------------------------------------------------------------
-    def env_factory(self, name: str) -> tuple[Any, dict[str, Any]]:
+    @staticmethod
+    def env_factory(name: str) -> tuple[Any, dict[str, Any]]:
         """The factory of env ``name`` and the options its name implies: the registered env of that
         name (this or any installed package's). Subclasses may resolve more names (gym_scheduler:
-        gymnasium ids). Raises :class:`UnknownComponentError` naming what is registered."""
+        gymnasium ids). Raises :class:`UnknownComponentError` naming what is registered.
+
+        A static method, so a run checks ``--env`` before any model loads (:func:`chosen_env`); an
+        override that needs the instance may be a plain method, and is then checked when the
+        scheduler is built instead."""
         from ..plugins import get
 
         return get("env", name), {}
@@ -295,11 +300,19 @@ def registered_env(name: str) -> Any:
 
 
 def chosen_env(scheduler_factory: Any, options: Mapping[str, Any]) -> tuple[str, Any] | None:
-    """(name, factory) of the registered env a run's env scheduler is told to play (``env`` among
-    its options), so that env's own options can be routed to it; ``None`` otherwise."""
+    """(name, factory) of the env a run's env scheduler is told to play (``env`` among its options),
+    so that env's own options can be routed to it; ``None`` otherwise.
+
+    The name resolves the way the scheduler resolves it (its static :meth:`EnvScheduler.env_factory`,
+    e.g. gymnasium ids for gym_scheduler), so a name it cannot resolve is one line here, before
+    any model loads. A scheduler whose ``env_factory`` needs its instance is asked only for
+    registered names; the rest is checked when it is built."""
     name = options.get("env")
     if not (isinstance(name, str) and inspect.isclass(scheduler_factory) and issubclass(scheduler_factory, EnvScheduler)):
         return None
+    if isinstance(inspect.getattr_static(scheduler_factory, "env_factory"), (staticmethod, classmethod)):
+        factory, _implied = scheduler_factory.env_factory(name)
+        return name, factory
     factory = registered_env(name)
     return None if factory is None else (name, factory)
 

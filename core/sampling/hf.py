@@ -23,6 +23,7 @@ import os
 import threading
 from typing import Any
 
+from ..chat_template import check_vocabulary
 from ..errors import ConfigError, SamplerError
 from ..types import Completion, SamplingParams
 from .base import Sampler, WeightsLike
@@ -329,9 +330,10 @@ def _load_tokenizer(path: str | None) -> Any:
     if not path:
         raise ConfigError("HFSampler needs a tokenizer (or a model loaded from a directory that has one)")
     try:
-        return AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as exc:
         raise SamplerError(f"hf sampler could not load a tokenizer from {path!r}: {str(exc).splitlines()[0]}") from exc
+    return check_vocabulary(tokenizer, path, "or pass HFSampler(tokenizer=)")
 
 
 def _module_device(module: Any) -> Any:

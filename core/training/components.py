@@ -9,6 +9,7 @@ import inspect
 from typing import Any, Callable, Sequence
 
 from ..plugins import get as get_component
+from ..chat_template import check_vocabulary
 from ..errors import ConfigError, MissingDependencyError
 from ..rewards import Reward, as_reward
 from ..rollout.options import factory_parameters, json_object
@@ -108,10 +109,7 @@ def load_tokenizer(model: Any, processing_class: Any) -> Any:
     path = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
     if not path:
         raise ConfigError("pass processing_class= (the tokenizer): the model has no path to load one from")
-    tok = from_pretrained(AutoTokenizer, path, "tokenizer")
-    if len(tok) <= 1:  # transformers builds an empty tokenizer for a directory without tokenizer files
-        raise ConfigError(f"the tokenizer of {str(path)!r} has an empty vocabulary: the directory has no tokenizer files "
-                          "(tokenizer.json …); save it next to the model (tokenizer.save_pretrained) or, in Python, pass processing_class=")
+    tok = check_vocabulary(from_pretrained(AutoTokenizer, path, "tokenizer"), path, "or, in Python, pass processing_class=")
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok

@@ -41,7 +41,12 @@ class RichProgressCallback(TrainerCallback):
         self.last = dict(logs)
         r = logs.get("reward")
         info = f"reward {r:.3f}" if isinstance(r, (int, float)) else ""
-        if "completion_length" in logs:
+        turns = logs.get("num_turns")
+        if isinstance(turns, (int, float)) and turns > 1 and "completions/mean_length" in logs:
+            # multi-turn: completion_length counts the env's observations too; show the turns and
+            # the tokens the model sampled per trajectory instead
+            info += f" · turns {turns:.1f} · sampled {logs['completions/mean_length']:.1f}"
+        elif "completion_length" in logs:
             info += f" · len {logs['completion_length']:.1f}"
         self.progress.update(self.task, info=info)
 

@@ -33,7 +33,8 @@ class GymScheduler(EnvScheduler):
 
         return gym_task()
 
-    def env_factory(self, name: str) -> tuple[Any, dict[str, Any]]:
+    @staticmethod
+    def env_factory(name: str) -> tuple[Any, dict[str, Any]]:  # type: ignore[override]
         """A registered env, else a gymnasium id (through :class:`~rl_plugin_gym.gymnasium_env.GymnasiumEnv`)."""
         return env_factory(name)
 

@@ -151,3 +151,32 @@ def test_env_kwargs_accepts_a_json_object_string():
     assert make(env="guess_number", env_kwargs='{"high": 4}').env_kwargs == {"high": 4}
     with pytest.raises(rlcore.ConfigError, match="env_kwargs 'high=4' is not a JSON object"):
         make(env="guess_number", env_kwargs="high=4")
+
+
+@pytest.mark.parametrize("command", ["train", "rollout"])
+def test_an_env_name_neither_registered_nor_gymnasium_is_one_line_before_any_model_loads(
+        command, tmp_path, capsys, monkeypatch):
+    """gym_scheduler resolves gymnasium ids too; the CLI asks it (not only the registry) before loading."""
+    import transformers
+
+    from rlcore.cli import main
+
+    def no_load(*a, **k):  # fault injection: loading a model here is the bug
+        raise AssertionError("a model was loaded before --env was checked")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_load)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        main([command, "--scheduler", "gym_scheduler", "--env", "FrozenLak-v1"])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and "\n" not in err, err
+    assert "no env named 'FrozenLak-v1'" in err and "not a gymnasium id either" in err
+
+
+def test_a_gymnasium_id_routes_its_env_options_before_the_run():
+    """--env FrozenLake-v1 resolves to the gymnasium adapter, so that adapter's options are known flags."""
+    from rlcore.rollout.env_scheduler import chosen_env
+
+    name, factory = chosen_env(rlcore.get("scheduler", "gym_scheduler"), {"env": "FrozenLake-v1"})
+    assert name == "FrozenLake-v1" and factory is GymnasiumEnv
+    assert chosen_env(rlcore.get("scheduler", "gym_scheduler"), {}) is None

@@ -2,8 +2,12 @@
 
 Reproduces the shapes of ms-swift 3.12.6 (``swift/llm/infer/protocol.py``: ``RolloutOutput``,
 ``ChatCompletionResponseChoice``; ``swift/plugin/multi_turn.py``:
-``MultiTurnScheduler._extract_logprobs_from_choice``; ``swift/llm/utils.py``: ``Messages``). Written
-from reading that source; no code copied.
+``MultiTurnScheduler._extract_logprobs_from_choice``; ``swift/llm/utils.py``: ``Messages``) and of
+ms-swift 4.6.0, which moved them (``swift/infer_engine/protocol.py``, ``swift/template``,
+``swift/rollout/agent_loop.py``: ``extract_logprobs_from_choice``, ``invoke_async_hook``) and added
+*token-backed* assistant messages (``swift/template/utils.py``: ``get_token_backed_response_ids`` — an
+assistant ``content`` that is a list of token ids, or a dict holding ``token_ids``/``input_ids``,
+stands for exactly those tokens). Written from reading that source; no code copied.
 
 Semantics that matter for training (and that rlcore enforces):
 
@@ -17,6 +21,8 @@ Semantics that matter for training (and that rlcore enforces):
 from __future__ import annotations
 
 from typing import Any
+
+import asyncio
 
 import attrs
 
@@ -137,3 +143,39 @@ def as_sampling_params(request_config: Any, default: SamplingParams | None) -> S
     if stop:
         changes["stop"] = list(stop)
     return base.replace(**changes)
+
+
+def extract_logprobs_from_choice(response_choice: Any) -> list[float]:
+    """ms-swift 4.x's module-level name (``swift.rollout.extract_logprobs_from_choice``)."""
+    return extract_logprobs(response_choice)
+
+
+def invoke_async_hook(coro: Any) -> Any:
+    """ms-swift 4.x's ``invoke_async_hook``: drive a coroutine to its result from sync code (a fresh
+    event loop; calling it while a loop runs in this thread is an error, as in ms-swift)."""
+    return asyncio.run(coro) if asyncio.iscoroutine(coro) else coro
+
+
+def remove_response(messages: Messages) -> str | None:
+    """ms-swift's ``swift.utils.remove_response``: pop a trailing assistant message, return its content."""
+    if messages and messages[-1].get("role") == "assistant":
+        return messages.pop().get("content")
+    return None
+
+
+def token_backed_ids(content: Any) -> list[int] | None:
+    """The token ids a token-backed assistant ``content`` stands for, else ``None`` (plain text,
+    multimodal parts). ms-swift 4.6.0's ``get_token_backed_response_ids`` accepts the same shapes."""
+    if isinstance(content, dict):
+        ids = content.get("token_ids", content.get("input_ids"))
+    elif isinstance(content, list) and (not content or isinstance(content[0], int)):
+        ids = content
+    else:
+        return None
+    if not isinstance(ids, list) or any(not isinstance(t, int) or isinstance(t, bool) for t in ids):
+        return None
+    return [int(t) for t in ids]
+
+
+#: ms-swift 4.6.0's name for :func:`token_backed_ids` (``swift.template.utils``)
+get_token_backed_response_ids = token_backed_ids

@@ -175,7 +175,14 @@ def normalize_run_output(request: Trajectory, out: Any, samples: list[Any] | Non
             trajs.append(item)
         elif isinstance(item, RolloutOutput):
             tok = getattr(scheduler, "tokenizer", None)
-            trajs.append(output_to_trajectory(request, item, samples or [], tok, tools=template_tools(scheduler)))
+            try:
+                trajs.append(output_to_trajectory(request, item, samples or [], tok, tools=template_tools(scheduler)))
+            except Exception as exc:  # noqa: BLE001 - one bad output of several fails only its own trajectory
+                if len(items) == 1:
+                    raise
+                bad = attrs.evolve(request, turns=[], infos=dict(request.infos), messages=list(request.messages))
+                bad.fail(f"{scheduler_label(scheduler)} returned an output rlcore cannot train on: {_one_line(exc)}")
+                trajs.append(bad)
         else:
             raise TypeError(f"run returned {type(item).__name__}; return a Trajectory, a list of them, or RolloutOutput")
     seen: set[str] = set()

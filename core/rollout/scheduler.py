@@ -24,9 +24,10 @@ from typing import Any
 from ..asyncutil import await_me_maybe
 from ..errors import ConfigError
 from ..types import Completion, SamplingParams, Trajectory
-from .stream import TokenStream
+from .stream import MessagesEditError, TokenStream
 from .swift_api import ChatCompletionResponse, Messages, ResponseChoice, RolloutOutput, as_sampling_params, extract_logprobs
 from .swift4 import SwiftHelpers
+from .token_backed import closing_inside
 
 MAX_TURNS_HARD_CAP = 1000
 
@@ -347,6 +348,10 @@ class RolloutScheduler(SwiftHelpers):
             ids = out["response_token_ids"]
             if ids and isinstance(ids[0], (list, tuple)):  # one round given as [[...]]
                 ids = [t for r in ids for t in r]
+            continues = bool(trajectory.messages) and trajectory.messages[-1].get("role") == "assistant"
+            problem = closing_inside(self._require_tokenizer(), [int(t) for t in ids], continues, f"{who}'s response_token_ids")
+            if problem:
+                raise MessagesEditError(problem)
             st.replace_response(trajectory, list(ids), out.get("response_loss_mask"), out.get("rollout_logprobs"))
         st.sync(trajectory)
 

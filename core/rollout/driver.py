@@ -178,7 +178,7 @@ def normalize_run_output(request: Trajectory, out: Any, samples: list[Any] | Non
             try:
                 trajs.append(output_to_trajectory(request, item, samples or [], tok, tools=template_tools(scheduler)))
             except Exception as exc:  # noqa: BLE001 - one bad output of several fails only its own trajectory
-                if len(items) == 1:
+                if len(items) == 1 or not all(isinstance(i, RolloutOutput) for i in items):
                     raise
                 bad = attrs.evolve(request, turns=[], infos=dict(request.infos), messages=list(request.messages))
                 bad.fail(f"{scheduler_label(scheduler)} returned an output rlcore cannot train on: {_one_line(exc)}")

@@ -24,10 +24,9 @@ from typing import Any
 from ..asyncutil import await_me_maybe
 from ..errors import ConfigError
 from ..types import Completion, SamplingParams, Trajectory
-from .stream import MessagesEditError, TokenStream
+from .stream import TokenStream
 from .swift_api import ChatCompletionResponse, Messages, ResponseChoice, RolloutOutput, as_sampling_params, extract_logprobs
 from .swift4 import SwiftHelpers
-from .token_backed import closing_inside
 
 MAX_TURNS_HARD_CAP = 1000
 
@@ -135,6 +134,8 @@ class RolloutScheduler(SwiftHelpers):
     default_max_turns = 1
     #: True lets an observer's ``{"done": True}`` from ``on_turn_end`` end a trajectory of this scheduler
     observers_may_stop = False
+    #: ms-swift 4.x's template handle (``self._template``); rlcore renders with the tokenizer's chat template
+    _template: Any = None
 
     def __init__(
         self,
@@ -348,10 +349,6 @@ class RolloutScheduler(SwiftHelpers):
             ids = out["response_token_ids"]
             if ids and isinstance(ids[0], (list, tuple)):  # one round given as [[...]]
                 ids = [t for r in ids for t in r]
-            continues = bool(trajectory.messages) and trajectory.messages[-1].get("role") == "assistant"
-            problem = closing_inside(self._require_tokenizer(), [int(t) for t in ids], continues, f"{who}'s response_token_ids")
-            if problem:
-                raise MessagesEditError(problem)
             st.replace_response(trajectory, list(ids), out.get("response_loss_mask"), out.get("rollout_logprobs"))
         st.sync(trajectory)
 

@@ -56,6 +56,8 @@ class RolloutOutput:
     response_loss_mask: list[list[int]] = attrs.field(factory=list, converter=_rounds)
     rollout_infos: dict[str, Any] = attrs.field(factory=dict)
     rollout_logprobs: list[list[float]] = attrs.field(factory=list, converter=_rounds)
+    #: ms-swift 4.x's field (logprobs of the prompt tokens); accepted, not used for training
+    prompt_logprobs: list[Any] | None = None
 
 
 @attrs.define
@@ -81,6 +83,11 @@ class ResponseChoice:
     @property
     def token_ids(self) -> list[int]:
         return self.completion.token_ids
+
+    @property
+    def routed_experts(self) -> Any:
+        """ms-swift 4.x's MoE routing record of the sample; rlcore's samplers record none (None)."""
+        return self.completion.meta.get("routed_experts")
 
     @property
     def logprobs(self) -> dict[str, list[dict[str, Any]]] | None:
@@ -126,6 +133,7 @@ class ChatCompletionResponse:
     choices: list[ResponseChoice]
     prompt_token_ids: list[int] | None = None
     model: str = "rlcore"
+    prompt_logprobs: list[Any] | None = None  # ms-swift 4.x's field; rlcore's samplers return none
 
 
 def as_sampling_params(request_config: Any, default: SamplingParams | None) -> SamplingParams | None:
@@ -135,7 +143,7 @@ def as_sampling_params(request_config: Any, default: SamplingParams | None) -> S
     get = request_config.get if isinstance(request_config, dict) else (lambda k, d=None: getattr(request_config, k, d))
     base = default or SamplingParams()
     changes: dict[str, Any] = {}
-    for name in ("max_tokens", "temperature", "top_p", "top_k", "seed", "repetition_penalty"):
+    for name in ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty"):
         v = get(name, None)
         if v is not None:
             changes[name] = v

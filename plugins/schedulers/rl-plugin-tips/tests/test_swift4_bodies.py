@@ -12,7 +12,7 @@ What they do on rlcore, exactly as docs/porting-ms-swift.md says:
 * ``MathTipsScheduler``: an answer with ``</think>``/``<answer>`` is cut before it, the tip appended
   (untrained) and the model continues the same message — token-exact and sound. An answer with
   neither keeps the sampled ``<|im_end|>`` before the tip in its ``response_token_ids``: that
-  trajectory fails, naming the closing token (ms-swift trains it).
+  trajectory fails as an invariant violation showing it (ms-swift trains it).
 * ``ThinkingModelTipsScheduler``: rlcore has no ms-swift template object, so its history builder
   takes its fallback, which puts a bare string in the messages from the second round on: round 1 is
   trained, each later round's output fails with that reason (rl-plugin-tips' own
@@ -363,9 +363,8 @@ async def test_math_tips_keeping_the_sampled_eos_fails_loudly(tokenizer: Any) ->
                              num_generations=2, sampling_params=PARAMS, progress=False)
     for t in res.trajectories:
         assert t.status == "failed"
-        assert t.reason.startswith("scheduler MathTipsScheduler turn 1: MessagesEditError: MathTipsScheduler.step's "
-                                   "response_token_ids hold"), t.reason
-        assert "'<|im_end|>'" in t.reason
+        assert t.reason.startswith("invariant violated by scheduler MathTipsScheduler: tokens (turn 1)"), t.reason
+        assert "4<|im_end|>But wait" in t.reason  # the tokens hold the eos, the message does not
 
 
 async def test_thinking_tips_right_first_time(tokenizer: Any) -> None:
@@ -402,7 +401,7 @@ def hf_sampler(tiny_model_dir: str):
 async def test_on_the_tiny_model(tokenizer: Any, hf_sampler: Any) -> None:
     """Random text: every trajectory is sound or fails with one of the reasons documented above."""
     params = SamplingParams(max_tokens=6, temperature=1.0)
-    documented = ("'<|im_end|>'", "each message must be a dict")
+    documented = ("invariant violated by scheduler MathTipsScheduler: tokens", "each message must be a dict")
     for cls in (MathTipsScheduler, ThinkingModelTipsScheduler):
         res = await run_rollouts(build_scheduler(cls, hf_sampler, tokenizer, max_turns=2), [question(tokenizer)] * 2,
                                  num_generations=3, sampling_params=params, progress=False)

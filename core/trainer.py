@@ -34,6 +34,7 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from .plugins import get as get_component
 from .algorithms.advantages import AdvantageStats, group_indices
+from .algorithms.entropy import EntropyBonus
 from .algorithms.losses import LossConfig
 from .asyncutil import run_sync
 from .errors import ConfigError, RewardFunctionError
@@ -189,6 +190,7 @@ class GRPOTrainer(Trainer):
             check_reward_columns(self.reward_objects, self.rows, "train_dataset")
         self.advantage = make_advantage(args)
         self.loss_fn = get_component("loss", args.effective_loss_type)
+        self.entropy_bonus = EntropyBonus.from_args(args)  # None unless entropy_coef / use_adaptive_entropy
         super().__init__(
             model=model, args=args, train_dataset=None, eval_dataset=eval_dataset, processing_class=tokenizer,
             callbacks=callbacks, optimizers=optimizers, **kwargs,
@@ -568,12 +570,24 @@ class GRPOTrainer(Trainer):
             model, b, self.loss_fn, LossConfig.from_args(self.args, num_items=inputs.get("num_items")),
             temperature=self.args.temperature, chunk_size=self.args.logprob_chunk_size,
             top_entropy_quantile=self.args.top_entropy_quantile, use_sampler_logps=bool(self.args.is_correction),
+            entropy_bonus=self.entropy_bonus,
         )
+        self._entropy_boundary()
         if not metrics:  # nothing to train on in this micro-batch
             return (loss, None) if return_outputs else loss
         self._train_metrics.add(metrics)
         loss = loss / ga
         return (loss, None) if return_outputs else loss
+
+    def _entropy_boundary(self) -> None:
+        """TRL's entropy control at an optimizer-step boundary (the last micro-batch of an
+        accumulation window, in train mode): the adaptive coefficient moves on the window's
+        world-mean entropy, and ``entropy_coef`` is logged (static or adaptive)."""
+        bonus = self.entropy_bonus
+        if bonus is None or not self.model.training or not self.accelerator.sync_gradients:
+            return
+        bonus.step(reduce=lambda t: self.accelerator.reduce(t, reduction="sum"))
+        self._train_metrics.add({"entropy_coef": bonus.coef})
 
     # --- logging -----------------------------------------------------------------------------------
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
@@ -642,6 +656,8 @@ class GRPOTrainer(Trainer):
             self.cursor.load_state_dict(state["cursor"])
         self._generations = int(state.get("generations", 0))
         self._gen_metrics = dict(state.get("gen_metrics", {}))
+        if self.entropy_bonus is not None and self.entropy_bonus.adaptive and state.get("entropy_control") is not None:
+            self.entropy_bonus.load_state_dict(state["entropy_control"])
         self._buffer = [dict(mb, batch=mb["batch"].to(self.args.device)) for mb in (buffer or [])]
         step = int(state.get("global_step", 0))
         truncate_jsonl(self.args.output_dir, step)
@@ -664,6 +680,8 @@ class GRPOTrainer(Trainer):
             "gen_metrics": self._gen_metrics,
             "run_id": getattr(self, "run_id", None),
             "sampler_rng": self.sampler.rng_state() if hasattr(self.sampler, "rng_state") else None,
+            # TRL's entropy_ctrl_state.json: the adaptive coefficient and the last measured entropy
+            "entropy_control": self.entropy_bonus.state_dict() if self.entropy_bonus is not None and self.entropy_bonus.adaptive else None,
         }
         buffer = [dict(mb, batch=mb["batch"].to("cpu")) for mb in self._buffer]
         ckpt.write_state(os.path.join(tmp, folder), state, buffer)

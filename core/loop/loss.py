@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..algorithms.entropy import EntropyBonus, entropy_bonus_term
 from ..algorithms.logprobs import completion_logprobs
 from ..types import Batch, Trajectory
 
@@ -68,31 +69,48 @@ def batch_logprobs(model: Any, batch: Batch, *, temperature: float = 1.0, chunk_
 
 def batch_loss(model: Any, batch: Batch, loss_fn: Any, config: Any, *, temperature: float = 1.0,
                chunk_size: int = 1024, top_entropy_quantile: float = 1.0,
-               use_sampler_logps: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
+               use_sampler_logps: bool = False,
+               entropy_bonus: EntropyBonus | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss plugin on ``batch`` under ``model`` (with gradient) and its metrics.
 
     ``config`` is a :class:`~rlcore.algorithms.losses.LossConfig`. A batch with no trainable token
     gives a zero that still touches every trainable parameter (so data-parallel gradient hooks fire)
     and no metrics. ``top_entropy_quantile`` < 1 trains only on the highest-entropy tokens (TRL);
     ``use_sampler_logps`` hands the sampler's logprobs to the loss for IS correction.
+
+    ``entropy_bonus`` (TRL's ``entropy_coef`` / ``use_adaptive_entropy``, see
+    :mod:`rlcore.algorithms.entropy`) subtracts ``applied_coef × H``, ``H`` the mean entropy of the
+    trained tokens, with the entropy's gradient (kept only then); in train mode it also adds the
+    micro-batch to the adaptive controller's window — the caller steps the controller at the
+    optimizer-step boundary. ``policy_loss`` stays the loss plugin's value.
     """
     if batch.size == 0 or float(batch.completion_mask.sum()) == 0:
         device = batch.input_ids.device if batch.size else next(model.parameters()).device
         zero = sum((p.sum() * 0.0 for p in model.parameters() if p.requires_grad), torch.zeros((), device=device))
+        if entropy_bonus is not None and model.training:  # TRL counts the empty micro-batch in the window
+            entropy_bonus.observe(torch.zeros((), device=device), torch.zeros((), device=device))
         return zero, {}
+    coef = entropy_bonus.applied_coef if entropy_bonus is not None else 0.0
     logps, entropy = completion_logprobs(
         model, batch.input_ids, batch.attention_mask, batch.completion_mask,
         temperature=temperature, chunk_size=chunk_size, entropy=True,
+        entropy_grad=coef != 0.0 and torch.is_grad_enabled(),
     )
     loss_mask = batch.completion_mask
     if top_entropy_quantile < 1.0:
-        loss_mask = loss_mask * high_entropy_mask(entropy, loss_mask, 1.0 - top_entropy_quantile)
+        loss_mask = loss_mask * high_entropy_mask(entropy.detach(), loss_mask, 1.0 - top_entropy_quantile)
     loss, metrics = loss_fn(
         logps, batch.old_logps, batch.advantages, loss_mask,
         ref_logps=batch.ref_logps, sampler_logps=batch.sampler_logps if use_sampler_logps else None,
         is_valid=batch.is_valid, config=config,
     )
+    if entropy_bonus is not None:
+        h_mean, h_sum, h_count = entropy_bonus_term(entropy, loss_mask)
+        if coef != 0.0:
+            loss = loss - coef * h_mean
+        if model.training:
+            entropy_bonus.observe(h_sum, h_count)
     mask = batch.completion_mask
     metrics = dict(metrics)
-    metrics["entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1.0))
+    metrics["entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1.0))
     return loss, metrics

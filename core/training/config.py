@@ -85,7 +85,12 @@ class GRPOConfig(TrainingArguments):
     vespo_lambda_neg: float = field(default=2.0, metadata={"help": "VESPO gamma rate λ for negative advantages (the vespo loss's option; TRL's field)."})
     use_bias_correction_kl: bool = field(default=True, metadata={"help": "Multiply the KL term by the importance ratio (TRL's default)."})
     top_entropy_quantile: float = field(default=1.0, metadata={"help": "Train only on the tokens in this top quantile of entropy (1.0: all)."})
-    entropy_coef: float = field(default=0.0, metadata={"help": "Not supported (entropy bonus)."})
+    entropy_coef: float = field(default=0.0, metadata={"help": "Entropy bonus: loss -= entropy_coef × the mean entropy of the trained tokens (TRL's; the same meaning for every loss_type). With use_adaptive_entropy, the starting coefficient."})
+    use_adaptive_entropy: bool = field(default=False, metadata={"help": "Adaptive entropy control (TRL, Skywork-OR1): every optimizer step, raise entropy_coef by entropy_coef_delta when the step's mean entropy is at or below entropy_target, lower it otherwise; the bonus applies only while entropy is at or below the target."})
+    entropy_coef_min: float = field(default=0.0, metadata={"help": "Lower bound of the adaptive entropy coefficient."})
+    entropy_coef_max: float = field(default=1.0, metadata={"help": "Upper bound of the adaptive entropy coefficient."})
+    entropy_coef_delta: float = field(default=0.005, metadata={"help": "Step of the adaptive entropy coefficient per optimizer step."})
+    entropy_target: float = field(default=0.2, metadata={"help": "Target mean per-token entropy (nats) of adaptive entropy control; set it near the entropy logged early in training."})
     sync_ref_model: bool = field(default=False, metadata={"help": "Every ref_model_sync_steps, mix the policy into the reference model (TR-DPO)."})
     ref_model_mixup_alpha: float = field(default=0.6, metadata={"help": "ref = alpha × policy + (1 - alpha) × ref at each sync."})
     ref_model_sync_steps: int = field(default=512, metadata={"help": "Optimizer steps between reference-model syncs."})
@@ -148,11 +153,6 @@ class GRPOConfig(TrainingArguments):
     vllm_model_impl: str = field(default="vllm", metadata={"help": "Not supported: sampler_options engine_args."})
     vllm_structured_outputs_regex: str | None = field(default=None, metadata={"help": "Not supported."})
     vllm_group_port: int = field(default=51216, metadata={"help": "Not supported: rlcore's own weight sync."})
-    use_adaptive_entropy: bool = field(default=False, metadata={"help": "Not supported."})
-    entropy_coef_min: float = field(default=0.0, metadata={"help": "Not supported (adaptive entropy)."})
-    entropy_coef_max: float = field(default=1.0, metadata={"help": "Not supported (adaptive entropy)."})
-    entropy_coef_delta: float = field(default=0.005, metadata={"help": "Not supported (adaptive entropy)."})
-    entropy_target: float = field(default=0.2, metadata={"help": "Not supported (adaptive entropy)."})
     off_policy_mask_threshold: float | None = field(default=None, metadata={"help": "Not supported: is_correction='sequence_mask'."})
     multi_objective_aggregation: str = field(default="sum_then_normalize", metadata={"help": "Only sum_then_normalize."})
     log_unique_prompts: bool = field(default=False, metadata={"help": "Not supported."})
@@ -315,6 +315,9 @@ def check_values(cfg: GRPOConfig) -> None:
         raise ConfigError(f"is_correction={cfg.is_correction!r} is not one of {', '.join(IS_MODES)}")
     if not 0.0 < cfg.top_entropy_quantile <= 1.0:
         raise ConfigError(f"top_entropy_quantile must be in (0, 1], got {cfg.top_entropy_quantile}")
+    from ..algorithms.entropy import check_entropy_settings
+
+    check_entropy_settings(cfg)  # entropy_coef, use_adaptive_entropy and its bounds, step and target
     if cfg.num_generations_eval is not None and cfg.num_generations_eval < 1:
         raise ConfigError(f"num_generations_eval must be at least 1, got {cfg.num_generations_eval}")
     if cfg.importance_sampling_level not in ("token", "sequence"):

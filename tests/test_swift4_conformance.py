@@ -604,6 +604,53 @@ async def test_gym_hooks_under_the_copied_run_reset_once(tok: Any) -> None:
     sound(res.trajectories, tok, s)
 
 
+# --- token-backed messages in rlcore's own loop, and text that hides the eos -------------------------------
+
+
+class TipByIds(MultiTurnScheduler):
+    """A 4.x-style ``step`` on rlcore's loop that edits the reply by setting its token ids."""
+
+    tip = " But wait, let me check."
+
+    def check_finished(self, infer_request, response_choice, current_turn):
+        return current_turn > 1 or super().check_finished(infer_request, response_choice, current_turn)
+
+    def step(self, infer_request, response_choice, current_turn):
+        ids, _, _ = self.prepare_response_continuation(response_choice)
+        self.set_assistant_message_token_ids(infer_request, ids + self.tokenizer.encode(self.tip, add_special_tokens=False))
+        return {"infer_request": infer_request}
+
+
+async def test_ids_set_by_step_on_rlcore_loop(tok: Any) -> None:
+    s = scripted(tok, ["so it is 4", " no, 3"])
+    res = await run_rollouts(TipByIds(s, max_turns=3), questions(tok), sampling_params=PARAMS, progress=False)
+    first, tip = (tok.encode(x, add_special_tokens=False) for x in ("so it is 4", TipByIds.tip))
+    second = tok.encode(" no, 3", add_special_tokens=False) + [tok.eos_token_id]
+    for t in res.trajectories:
+        assert t.messages[-1] == {"role": "assistant", "content": "so it is 4" + TipByIds.tip + " no, 3"}
+        assert t.completion_ids == first + tip + second and t.infos["token_backed_edits"] == 1
+        assert t.loss_mask == [1] * len(first) + [0] * len(tip) + [1] * len(second)
+    sound(res.trajectories, tok, s)
+
+
+async def test_text_holding_the_eos_is_refused(tok: Any) -> None:
+    """ms-swift 4.x decodes ids with the special tokens kept: tokens and text then agree, yet the
+    model would be trained on its eos in the middle of a message."""
+
+    class DecodesTheEos(MultiTurnScheduler):
+        async def run(self, infer_request, request_config, **kwargs):
+            response = await self.infer_engine.infer_async(infer_request, request_config)
+            sampled = list(response.choices[0].token_ids)
+            more = self.tokenizer.encode(" wait", add_special_tokens=False)
+            text = self.tokenizer.decode(sampled + more, skip_special_tokens=False)
+            return RolloutOutput(response=response, messages=infer_request.messages + [{"role": "assistant", "content": text}],
+                                 response_token_ids=[sampled + more], response_loss_mask=[[1] * len(sampled) + [0] * len(more)])
+
+    res = await run_rollouts(DecodesTheEos(scripted(tok, ["four"])), questions(tok, 1), sampling_params=PARAMS, progress=False)
+    t = res.trajectories[0]
+    assert t.status == "failed" and "assistant message 1 holds the closing token '<|im_end|>' inside its text" in t.reason, t.reason
+
+
 # --- the helpers, one by one ---------------------------------------------------------------------------------
 
 

@@ -39,9 +39,9 @@ from .algorithms.losses import LossConfig
 from .asyncutil import run_sync
 from .errors import ConfigError, RewardFunctionError
 from .plugins import RunHooks
-from .rewards import RewardContext, check_reward_columns, compute_rewards
+from .rewards import RewardContext, check_reward_columns, compute_rewards, normalize_then_sum
 from .chat_template import set_chat_template_kwargs
-from .loop.loss import advantage_list, batch_logprobs, batch_loss, high_entropy_mask, pack
+from .loop.loss import advantage_list, batch_logprobs, batch_loss, high_entropy_mask, pack, pad_to_multiple
 from .loop.rollout import rollout_batch
 from .loop.sync import sync_weights as sync_policy_weights
 from .training import checkpoint as ckpt
@@ -59,6 +59,7 @@ from .training.components import (
 )
 from .training.agents import environment_reward_types, environment_rewards, placeholder_rows, trl_agent_options
 from .training.config import GRPOConfig, check_values, validate_components
+from .training.model_options import cast_lm_head_to_fp32, router_aux
 from .training.prompts import PromptCursor, as_rows, check_columns, make_prompt
 from .training.health import RunHealth
 from .training.metrics import MetricAccumulator, append_jsonl, rollout_metrics, truncate_jsonl
@@ -183,7 +184,12 @@ class GRPOTrainer(Trainer):
         tokenizer = load_tokenizer(model, processing_class)
         set_chat_template_kwargs(tokenizer, args.chat_template_kwargs)  # every render of the policy's conversations
         model = apply_peft(load_model(model, args, quantization_config), args, peft_config)
+        self.router_aux = router_aux(model, args.router_aux_loss_coef)  # MoE load-balancing loss (TRL's rule)
+        if args.cast_lm_head_to_fp32:  # the policy's head, and so the copy the reference model starts from
+            cast_lm_head_to_fp32(model)
         self.ref_model = reference_model(model, args)
+        if args.cast_lm_head_to_fp32 and self.ref_model is not None:
+            cast_lm_head_to_fp32(self.ref_model)
         self.reward_objects, self.reward_weights = make_rewards(args, extra, reward_processing_classes,
                                                                      allow_none=env_rewards > 0)
         if self.agent.rollout_func is None:  # a rollout_func's extra keys become columns only at run time
@@ -244,6 +250,12 @@ class GRPOTrainer(Trainer):
             self.add_callback(self.progress_callback)
         else:
             self.progress_callback = None
+
+    @property
+    def _pad_multiple(self) -> int | None:
+        """TRL's ``pad_to_multiple_of``; ``"auto"`` pads only on Neuron in TRL, where rlcore does not run."""
+        p = self.args.pad_to_multiple_of
+        return None if p in (None, "auto") else int(p)
 
     # --- the Trainer's data: micro-step counters -----------------------------------------------------
     @property
@@ -346,10 +358,14 @@ class GRPOTrainer(Trainer):
             for r in self.reward_objects if hasattr(r, "timeouts")
         })
         self._check_reward_failures(len(trajs))
-        rewards = torch.tensor([
-            math.nan if (t.reward is None or t.status == "failed") else float(t.reward) for t in trajs
-        ], dtype=torch.float32)
         groups = [t.group_id for t in trajs]
+        if self.args.multi_objective_aggregation == "normalize_then_sum":  # GDPO: each reward normalised per group first
+            rewards = torch.tensor(normalize_then_sum(columns, self.reward_weights, groups,
+                                                      scorable=[t.status != "failed" for t in trajs]), dtype=torch.float32)
+        else:
+            rewards = torch.tensor([
+                math.nan if (t.reward is None or t.status == "failed") else float(t.reward) for t in trajs
+            ], dtype=torch.float32)
         adv = run_sync(RunHooks(self.advantage, observers=False).call_first(
             "compute_advantage", rewards=rewards, groups=groups, trajectories=trajs, config=self.args))
         if adv is None:
@@ -398,6 +414,7 @@ class GRPOTrainer(Trainer):
         # failed (and, if asked, truncated) trajectories do not train
         batch = pack(trajs, adv_list, self.pad_token_id, mask_truncated=self.args.mask_truncated_completions,
                      device=self.args.device)
+        batch = pad_to_multiple(batch, self._pad_multiple, self.pad_token_id)
         self._attach_logps(batch)
         self._gen_metrics = rollout_metrics(trajs, columns, stats.zero_std_frac)
         self._gen_metrics.update(getattr(self, "_reward_errors", {}))
@@ -442,6 +459,9 @@ class GRPOTrainer(Trainer):
                 if i < len(values):
                     rec[column] = values[i]
             records.append(rec)
+        if self.args.log_unique_prompts:  # TRL: the logged table keeps the first completion of each distinct prompt
+            seen: set[str] = set()
+            records = [r for r in records if not (str(r["prompt"]) in seen or seen.add(str(r["prompt"])))]
         if self.args.should_save:
             os.makedirs(self.args.output_dir, exist_ok=True)
             with open(os.path.join(self.args.output_dir, "completions.jsonl"), "a", encoding="utf-8") as f:
@@ -508,7 +528,7 @@ class GRPOTrainer(Trainer):
             if a.log_completions:
                 self._log_completions(trajs, adv_list, prefix)
             self._pending_reward_extras = {}
-            batch = pack(trajs, adv_list, self.pad_token_id, device=a.device)
+            batch = pad_to_multiple(pack(trajs, adv_list, self.pad_token_id, device=a.device), self._pad_multiple, self.pad_token_id)
             with torch.no_grad():
                 metrics["loss"] = float(self.compute_loss(self.model, {"batch": batch,
                                                                        "num_items": float(batch.completion_mask.sum())}))
@@ -571,6 +591,7 @@ class GRPOTrainer(Trainer):
             temperature=self.args.temperature, chunk_size=self.args.logprob_chunk_size,
             top_entropy_quantile=self.args.top_entropy_quantile, use_sampler_logps=bool(self.args.is_correction),
             entropy_bonus=self.entropy_bonus,
+            router_aux=self.router_aux,
         )
         self._entropy_boundary()
         if not metrics:  # nothing to train on in this micro-batch

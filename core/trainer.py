@@ -34,13 +34,14 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from .plugins import get as get_component
 from .algorithms.advantages import AdvantageStats, group_indices
+from .algorithms.entropy import EntropyBonus
 from .algorithms.losses import LossConfig
 from .asyncutil import run_sync
 from .errors import ConfigError, RewardFunctionError
 from .plugins import RunHooks
-from .rewards import RewardContext, check_reward_columns, compute_rewards
+from .rewards import RewardContext, check_reward_columns, compute_rewards, normalize_then_sum
 from .chat_template import set_chat_template_kwargs
-from .loop.loss import advantage_list, batch_logprobs, batch_loss, high_entropy_mask, pack
+from .loop.loss import advantage_list, batch_logprobs, batch_loss, high_entropy_mask, pack, pad_to_multiple
 from .loop.rollout import rollout_batch
 from .loop.sync import sync_weights as sync_policy_weights
 from .training import checkpoint as ckpt
@@ -59,6 +60,7 @@ from .training.components import (
 from .training.agents import environment_reward_types, environment_rewards, placeholder_rows, trl_agent_options
 from .training.config import GRPOConfig, check_values, validate_components
 from .training.data_parallel import all_sum, mean_over_ranks, weighted_mean_over_ranks, whole_batch, world
+from .training.model_options import cast_lm_head_to_fp32, router_aux
 from .training.prompts import PromptCursor, as_rows, check_columns, make_prompt
 from .training.health import RunHealth
 from .training.metrics import MetricAccumulator, append_jsonl, rollout_metrics, truncate_jsonl
@@ -187,13 +189,19 @@ class GRPOTrainer(Trainer):
         tokenizer = load_tokenizer(model, processing_class)
         set_chat_template_kwargs(tokenizer, args.chat_template_kwargs)  # every render of the policy's conversations
         model = apply_peft(load_model(model, args, quantization_config), args, peft_config)
+        self.router_aux = router_aux(model, args.router_aux_loss_coef)  # MoE load-balancing loss (TRL's rule)
+        if args.cast_lm_head_to_fp32:  # the policy's head, and so the copy the reference model starts from
+            cast_lm_head_to_fp32(model)
         self.ref_model = reference_model(model, args)
+        if args.cast_lm_head_to_fp32 and self.ref_model is not None:
+            cast_lm_head_to_fp32(self.ref_model)
         self.reward_objects, self.reward_weights = make_rewards(args, extra, reward_processing_classes,
                                                                      allow_none=env_rewards > 0)
         if self.agent.rollout_func is None:  # a rollout_func's extra keys become columns only at run time
             check_reward_columns(self.reward_objects, self.rows, "train_dataset")
         self.advantage = make_advantage(args)
         self.loss_fn = get_component("loss", args.effective_loss_type)
+        self.entropy_bonus = EntropyBonus.from_args(args)  # None unless entropy_coef / use_adaptive_entropy
         super().__init__(
             model=model, args=args, train_dataset=None, eval_dataset=eval_dataset, processing_class=tokenizer,
             callbacks=callbacks, optimizers=optimizers, **kwargs,
@@ -247,6 +255,12 @@ class GRPOTrainer(Trainer):
             self.add_callback(self.progress_callback)
         else:
             self.progress_callback = None
+
+    @property
+    def _pad_multiple(self) -> int | None:
+        """TRL's ``pad_to_multiple_of``; ``"auto"`` pads only on Neuron in TRL, where rlcore does not run."""
+        p = self.args.pad_to_multiple_of
+        return None if p in (None, "auto") else int(p)
 
     # --- the Trainer's data: micro-step counters -----------------------------------------------------
     @property
@@ -352,10 +366,15 @@ class GRPOTrainer(Trainer):
         # data-parallel: the estimator sees every rank's batch (batch statistics as one process would
         # compute them); this rank keeps its slice. One process: the batch is this one.
         self.whole_batch = whole = whole_batch(trajs, columns)
-        rewards = torch.tensor([
-            math.nan if (t.reward is None or t.status == "failed") else float(t.reward) for t in whole.trajectories
-        ], dtype=torch.float32)
         groups = [t.group_id for t in whole.trajectories]
+        if self.args.multi_objective_aggregation == "normalize_then_sum":  # GDPO: each reward normalised per group first
+            rewards = torch.tensor(normalize_then_sum(whole.columns, self.reward_weights, groups,
+                                                      scorable=[t.status != "failed" for t in whole.trajectories]),
+                                   dtype=torch.float32)
+        else:
+            rewards = torch.tensor([
+                math.nan if (t.reward is None or t.status == "failed") else float(t.reward) for t in whole.trajectories
+            ], dtype=torch.float32)
         adv = run_sync(RunHooks(self.advantage, observers=False).call_first(
             "compute_advantage", rewards=rewards, groups=groups, trajectories=whole.trajectories, config=self.args))
         if adv is None:
@@ -407,6 +426,7 @@ class GRPOTrainer(Trainer):
         # failed (and, if asked, truncated) trajectories do not train
         batch = pack(trajs, adv_list, self.pad_token_id, mask_truncated=self.args.mask_truncated_completions,
                      device=self.args.device)
+        batch = pad_to_multiple(batch, self._pad_multiple, self.pad_token_id)
         self._attach_logps(batch)
         whole = self.whole_batch  # every rank's batch: metrics and the health verdict speak for the run
         self._gen_metrics = rollout_metrics(whole.trajectories, whole.columns, stats.zero_std_frac)
@@ -455,6 +475,9 @@ class GRPOTrainer(Trainer):
                 if 0 <= i - extras_from < len(values):
                     rec[column] = values[i - extras_from]
             records.append(rec)
+        if self.args.log_unique_prompts:  # TRL: the logged table keeps the first completion of each distinct prompt
+            seen: set[str] = set()
+            records = [r for r in records if not (str(r["prompt"]) in seen or seen.add(str(r["prompt"])))]
         if self.args.should_save:
             os.makedirs(self.args.output_dir, exist_ok=True)
             with open(os.path.join(self.args.output_dir, "completions.jsonl"), "a", encoding="utf-8") as f:
@@ -526,7 +549,8 @@ class GRPOTrainer(Trainer):
             forward: dict[str, float] = {}
             weights: dict[str, float] = {}
             if trajs:
-                batch = pack(trajs, adv_list, self.pad_token_id, device=a.device)
+                batch = pad_to_multiple(pack(trajs, adv_list, self.pad_token_id, device=a.device), self._pad_multiple,
+                                        self.pad_token_id)
                 tokens = float(batch.completion_mask.sum())
                 with torch.no_grad():
                     forward["loss"] = float(self.compute_loss(self.model, {"batch": batch, "num_items": tokens}))
@@ -598,12 +622,25 @@ class GRPOTrainer(Trainer):
             model, b, self.loss_fn, LossConfig.from_args(self.args, num_items=inputs.get("num_items")),
             temperature=self.args.temperature, chunk_size=self.args.logprob_chunk_size,
             top_entropy_quantile=self.args.top_entropy_quantile, use_sampler_logps=bool(self.args.is_correction),
+            entropy_bonus=self.entropy_bonus,
+            router_aux=self.router_aux,
         )
+        self._entropy_boundary()
         if not metrics:  # nothing to train on in this micro-batch
             return (loss, None) if return_outputs else loss
         self._train_metrics.add(metrics)
         loss = loss / ga
         return (loss, None) if return_outputs else loss
+
+    def _entropy_boundary(self) -> None:
+        """TRL's entropy control at an optimizer-step boundary (the last micro-batch of an
+        accumulation window, in train mode): the adaptive coefficient moves on the window's
+        world-mean entropy, and ``entropy_coef`` is logged (static or adaptive)."""
+        bonus = self.entropy_bonus
+        if bonus is None or not self.model.training or not self.accelerator.sync_gradients:
+            return
+        bonus.step(reduce=lambda t: self.accelerator.reduce(t, reduction="sum"))
+        self._train_metrics.add({"entropy_coef": bonus.coef})
 
     # --- logging -----------------------------------------------------------------------------------
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
@@ -672,6 +709,8 @@ class GRPOTrainer(Trainer):
             self.cursor.load_state_dict(state["cursor"])
         self._generations = int(state.get("generations", 0))
         self._gen_metrics = dict(state.get("gen_metrics", {}))
+        if self.entropy_bonus is not None and self.entropy_bonus.adaptive and state.get("entropy_control") is not None:
+            self.entropy_bonus.load_state_dict(state["entropy_control"])
         self._buffer = [dict(mb, batch=mb["batch"].to(self.args.device)) for mb in (buffer or [])]
         step = int(state.get("global_step", 0))
         truncate_jsonl(self.args.output_dir, step)
@@ -694,6 +733,8 @@ class GRPOTrainer(Trainer):
             "gen_metrics": self._gen_metrics,
             "run_id": getattr(self, "run_id", None),
             "sampler_rng": self.sampler.rng_state() if hasattr(self.sampler, "rng_state") else None,
+            # TRL's entropy_ctrl_state.json: the adaptive coefficient and the last measured entropy
+            "entropy_control": self.entropy_bonus.state_dict() if self.entropy_bonus is not None and self.entropy_bonus.adaptive else None,
         }
         buffer = [dict(mb, batch=mb["batch"].to("cpu")) for mb in self._buffer]
         ckpt.write_state(os.path.join(tmp, folder), state, buffer)

@@ -72,3 +72,89 @@ def test_bfloat16_inputs_upcast_the_softmax() -> None:
     lp.sum().backward()
     assert h.grad.dtype == torch.bfloat16 and w.grad.dtype == torch.bfloat16
     assert torch.isfinite(w.grad.float()).all()
+
+
+# --- entropy with gradient (the entropy bonus) -------------------------------------------------------
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("chunk", [1, 5, 64])
+def test_entropy_gradient_equals_full_logits_autograd(temperature: float, chunk: int) -> None:
+    """With ``entropy_grad`` the chunked entropy's gradient (alone, and mixed with the logprobs')
+    equals autograd through the full ``[N, V]`` logits, for hidden, weight and bias."""
+    from rlcore.algorithms.logprobs import naive_entropy
+
+    g = torch.Generator().manual_seed(3)
+    N, H, V = 11, 8, 40
+    h = torch.randn(N, H, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(V, H, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(V, generator=g, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, V, (N,), generator=g)
+    up_lp, up_ent = torch.randn(N, generator=g, dtype=torch.float64), torch.randn(N, generator=g, dtype=torch.float64)
+    for mix in ((1.0, 0.0), (0.0, 1.0), (0.3, -0.8)):
+        for x in (h, w, b):
+            x.grad = None
+        lp, ent = selective_logprobs(h, w, y, bias=b, temperature=temperature, chunk_size=chunk, entropy_grad=True)
+        assert ent is not None and ent.requires_grad
+        (mix[0] * (lp * up_lp).sum() + mix[1] * (ent * up_ent).sum()).backward()
+        grads = [x.grad.clone() for x in (h, w, b)]
+        for x in (h, w, b):
+            x.grad = None
+        logits = h @ w.T + b
+        ref_lp, ref_ent = naive_logprobs(logits, y, temperature), naive_entropy(logits, temperature)
+        (mix[0] * (ref_lp * up_lp).sum() + mix[1] * (ref_ent * up_ent).sum()).backward()
+        assert torch.allclose(ent, ref_ent, atol=1e-10) and torch.allclose(lp, ref_lp, atol=1e-10)
+        for got, x in zip(grads, (h, w, b)):
+            assert torch.allclose(got, x.grad, atol=1e-9), (mix, (got - x.grad).abs().max())
+        assert float(grads[1].abs().sum()) > 0
+
+
+def test_entropy_gradient_sign_is_that_of_the_entropy() -> None:
+    """A step along -d(-H)/dθ (minimising ``-H``, the bonus's direction) raises the entropy: the
+    gradient is of ``H``, not of ``-H`` or of a detached copy."""
+    g = torch.Generator().manual_seed(4)
+    h = torch.randn(6, 8, generator=g, dtype=torch.float64)
+    w = (torch.randn(30, 8, generator=g, dtype=torch.float64) * 2).requires_grad_(True)
+    y = torch.randint(0, 30, (6,), generator=g)
+    _, ent = selective_logprobs(h, w, y, chunk_size=4, entropy_grad=True)
+    before = float(ent.detach().mean())
+    (-ent.mean()).backward()
+    with torch.no_grad():
+        w2 = w - 0.05 * w.grad
+    _, ent2 = selective_logprobs(h, w2, y, chunk_size=4, entropy=True)
+    assert float(ent2.mean()) > before
+
+
+def test_default_path_keeps_the_entropy_detached() -> None:
+    g = torch.Generator().manual_seed(5)
+    h = torch.randn(4, 8, generator=g, requires_grad=True)
+    w = torch.randn(20, 8, generator=g, requires_grad=True)
+    lp, ent = selective_logprobs(h, w, torch.randint(0, 20, (4,), generator=g), entropy=True)
+    assert lp.requires_grad and not ent.requires_grad
+
+
+def test_completion_entropy_gradient_reaches_the_model(tiny_model_dir: str) -> None:
+    """``completion_logprobs(entropy_grad=True)``: the masked entropy's gradient through the whole
+    model equals autograd through the model's own full logits."""
+    from transformers import AutoModelForCausalLM
+
+    from rlcore.algorithms.logprobs import naive_entropy
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).double()
+    g = torch.Generator().manual_seed(6)
+    ids = torch.randint(3, 200, (2, 8), generator=g)
+    attn = torch.ones_like(ids)
+    cmask = torch.zeros(2, 8, dtype=torch.float64)
+    cmask[0, 3:] = 1
+    cmask[1, 5:7] = 1
+    _, ent = completion_logprobs(model, ids, attn, cmask, temperature=0.8, chunk_size=3, entropy_grad=True)
+    (ent * cmask).sum().backward()
+    got = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    logits = model(input_ids=ids, attention_mask=attn).logits
+    ref = torch.zeros(2, 8, dtype=torch.float64)
+    ref[:, 1:] = naive_entropy(logits[:, :-1], 0.8)
+    assert torch.allclose(ent, ref * cmask, atol=1e-9)
+    (ref * cmask).sum().backward()
+    for n, p in model.named_parameters():
+        if p.grad is not None and float(p.grad.abs().sum()) > 0:
+            assert n in got and torch.allclose(got[n], p.grad, atol=1e-8), n
+    assert any(float(v.abs().sum()) > 0 for v in got.values())

@@ -196,3 +196,43 @@ def test_rollout_of_prepared_trajectories(policy: Policy) -> None:
     assert trajs[0].infos["note"] == "mine" and all(t.completion_ids for t in trajs)
     with pytest.raises(ConfigError, match="prompts or trajectories"):
         Rollout(sampler)()
+
+
+def test_policy_entropy_bonus_static_and_adaptive(tiny_model_dir: str, tmp_path: Any) -> None:
+    """``Policy(entropy_coef=…)``: the loss is the loss plugin's minus coef × the mean entropy, with
+    the entropy's gradient; adaptive control moves once per ``clip_grad_and_step`` (the optimizer
+    step), on the entropy of every ``forward_backward`` since the last one, and survives save/load."""
+    plain = Policy(tiny_model_dir, loss="grpo", learning_rate=1e-3)
+    static = Policy(tiny_model_dir, loss="grpo", learning_rate=1e-3, entropy_coef=0.5)
+    sampler = _hf(plain.model, plain.tokenizer)
+    trajs = sample(sampler, make_prompts(digits_dataset(2), plain.tokenizer), SamplingParams(max_tokens=4), num_generations=4)
+    adv = torch.zeros(8)  # no policy gradient: what moves the weights is the bonus alone
+    m0 = plain.forward_backward(trajs, adv)
+    m1 = static.forward_backward(trajs, adv)
+    assert m1["loss"] == pytest.approx(m1["policy_loss"] - 0.5 * m1["entropy"], abs=1e-5)
+    assert m0["loss"] == pytest.approx(m0["policy_loss"], abs=1e-7)
+    assert all(p.grad is None or float(p.grad.abs().sum()) == 0 for p in plain.model.parameters())
+    assert any(p.grad is not None and float(p.grad.abs().sum()) > 0 for p in static.model.parameters())
+    assert static.clip_grad_and_step()["entropy_coef"] == 0.5
+    assert "entropy_coef" not in plain.clip_grad_and_step()
+
+    entropy = m1["entropy"]
+    adaptive = Policy(tiny_model_dir, loss="grpo", learning_rate=1e-3, use_adaptive_entropy=True, entropy_coef=0.1,
+                      entropy_coef_delta=0.05, entropy_target=entropy + 1.0)
+    first = adaptive.forward_backward(trajs, adv, loss_scale=0.5)
+    assert first["loss"] == pytest.approx(first["policy_loss"], abs=1e-7)  # no measurement yet: gate closed
+    adaptive.forward_backward(trajs, adv, loss_scale=0.5)  # two calls accumulate into one step
+    assert adaptive.entropy_bonus.coef == 0.1  # nothing moves before the optimizer step
+    assert adaptive.clip_grad_and_step()["entropy_coef"] == pytest.approx(0.15)  # one delta per step
+    assert adaptive.entropy_bonus.last_entropy == pytest.approx(entropy, rel=1e-4)
+    second = adaptive.forward_backward(trajs, adv)
+    assert second["loss"] < second["policy_loss"] - 0.1 * entropy  # gate open, coefficient 0.15
+    adaptive.clip_grad_and_step()
+    path = adaptive.save(tmp_path / "ckpt")
+    other = Policy(str(path), loss="grpo", learning_rate=1e-3, use_adaptive_entropy=True, entropy_coef=0.1,
+                   entropy_coef_delta=0.05, entropy_target=entropy + 1.0)
+    other.load(path)
+    assert (other.entropy_bonus.coef, other.entropy_bonus.last_entropy) == (adaptive.entropy_bonus.coef,
+                                                                             adaptive.entropy_bonus.last_entropy)
+    with pytest.raises(ConfigError, match="^entropy_coef_min"):
+        Policy(plain.model, plain.tokenizer, entropy_coef_min=0.5, entropy_coef_max=0.1)

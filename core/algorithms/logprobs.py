@@ -6,15 +6,24 @@ logprob is needed (completion tokens), (2) project them through the ``lm_head`` 
 and (3) in backward recompute each chunk's logits rather than storing them. Peak extra memory is
 one ``[chunk, V]`` float32 block. Temperature divides the logits exactly as at sampling time, so
 these logprobs are comparable with the sampler's.
+
+The per-position entropy of the same (temperature-scaled) distribution comes out of the same pass.
+By default it carries no gradient (it feeds metrics and the high-entropy token mask). An entropy
+*bonus* in the loss needs its gradient: with ``entropy_grad`` the entropy is differentiable and
+backward adds ``dH/dz = -p (log p + H)`` to each recomputed chunk (the formula TRL 1.16's
+``ChunkedLogProbFunction`` uses) — one more ``[chunk, V]`` block in backward, nothing when off.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
 
 DEFAULT_CHUNK = 1024
+#: set on an lm_head cast to float32 (``cast_lm_head_to_fp32``): its logits are computed in float32
+FP32_HEAD = "rlcore_fp32_head"
 
 
 def _upcast(x: torch.Tensor) -> torch.Tensor:
@@ -34,7 +43,8 @@ class _ChunkedSelectiveLogSoftmax(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                targets: torch.Tensor, temperature: float, chunk: int, want_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                targets: torch.Tensor, temperature: float, chunk: int, want_entropy: bool,
+                entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         n = hidden.shape[0]
         dt = _upcast(torch.empty(0, dtype=hidden.dtype)).dtype
         logps = torch.empty(n, dtype=dt, device=hidden.device)
@@ -49,14 +59,22 @@ class _ChunkedSelectiveLogSoftmax(torch.autograd.Function):
                 p = torch.exp(logits - lse[:, None])
                 entropy[s : s + chunk] = lse - (p * logits).sum(-1)
             del logits
-        ctx.save_for_backward(hidden, weight, bias, targets, lse_all)
+        ctx.entropy_grad = bool(entropy_grad and want_entropy)
+        if ctx.entropy_grad:  # the entropy itself is needed for its gradient: one float per position
+            ctx.save_for_backward(hidden, weight, bias, targets, lse_all, entropy)
+        else:
+            ctx.save_for_backward(hidden, weight, bias, targets, lse_all)
+            ctx.mark_non_differentiable(entropy)
         ctx.temperature, ctx.chunk = temperature, chunk
-        ctx.mark_non_differentiable(entropy)
         return logps, entropy
 
     @staticmethod
-    def backward(ctx: Any, grad_logps: torch.Tensor, _grad_entropy: torch.Tensor) -> tuple[Any, ...]:
-        hidden, weight, bias, targets, lse_all = ctx.saved_tensors
+    def backward(ctx: Any, grad_logps: torch.Tensor, grad_entropy: torch.Tensor) -> tuple[Any, ...]:
+        if ctx.entropy_grad:
+            hidden, weight, bias, targets, lse_all, entropy = ctx.saved_tensors
+        else:
+            hidden, weight, bias, targets, lse_all = ctx.saved_tensors
+            entropy = None
         t, chunk = ctx.temperature, ctx.chunk
         need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[2]
         grad_h = torch.empty_like(hidden) if need_h else None
@@ -66,11 +84,16 @@ class _ChunkedSelectiveLogSoftmax(torch.autograd.Function):
         for s in range(0, hidden.shape[0], chunk):
             h = hidden[s : s + chunk]
             logits = _chunk_logits(h, weight, bias, t)
-            # d logp / d logits = onehot - softmax; times the incoming grad, divided by temperature
-            g = logits.sub_(lse_all[s : s + chunk, None]).exp_()  # softmax, reusing the logits block
-            g.neg_()
-            g.scatter_add_(-1, targets[s : s + chunk, None], torch.ones_like(g[:, :1]))
-            g.mul_((grad_logps[s : s + chunk] / t)[:, None])
+            if entropy is None:
+                # d logp / d logits = onehot - softmax; times the incoming grad, divided by temperature
+                g = logits.sub_(lse_all[s : s + chunk, None]).exp_()  # softmax, reusing the logits block
+                g.neg_()
+                g.scatter_add_(-1, targets[s : s + chunk, None], torch.ones_like(g[:, :1]))
+                g.mul_((grad_logps[s : s + chunk] / t)[:, None])
+            else:
+                g = _logp_and_entropy_grad(logits, lse_all[s : s + chunk], entropy[s : s + chunk],
+                                           targets[s : s + chunk], grad_logps[s : s + chunk],
+                                           grad_entropy[s : s + chunk], t)
             # matmuls run in the weights' dtype (bf16 stays fast); grad_w accumulates in float32
             g_w = g.to(weight.dtype)
             if need_h:
@@ -83,8 +106,22 @@ class _ChunkedSelectiveLogSoftmax(torch.autograd.Function):
             grad_h,
             grad_w.to(weight.dtype) if grad_w is not None else None,
             grad_b.to(bias.dtype) if grad_b is not None else None,
-            None, None, None, None,
+            None, None, None, None, None,
         )
+
+
+def _logp_and_entropy_grad(logits: torch.Tensor, lse: torch.Tensor, entropy: torch.Tensor, targets: torch.Tensor,
+                           grad_logps: torch.Tensor, grad_entropy: torch.Tensor, t: float) -> torch.Tensor:
+    """d(loss)/d(raw logits) of one chunk when both the logprob and the entropy carry gradient:
+    ``gl·(onehot − p) − ge·p·(log p + H)``, divided by the temperature. ``logits`` (the
+    temperature-scaled chunk) is overwritten; one more ``[chunk, V]`` block holds ``p``."""
+    logp = logits.sub_(lse[:, None])  # log p, in place
+    p = logp.exp()
+    ent_part = logp.add_(entropy[:, None]).mul_(p).mul_(-grad_entropy[:, None])  # -ge * p * (log p + H)
+    g = p.neg_()
+    g.scatter_add_(-1, targets[:, None], torch.ones_like(g[:, :1]))
+    g.mul_(grad_logps[:, None]).add_(ent_part)
+    return g.div_(t)
 
 
 def selective_logprobs(
@@ -96,12 +133,16 @@ def selective_logprobs(
     temperature: float = 1.0,
     chunk_size: int = DEFAULT_CHUNK,
     entropy: bool = False,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprobs ``[N]`` of ``targets [N]`` given ``hidden [N, H]`` and the lm_head ``weight [V, H]``
-    (plus the per-position entropy ``[N]``, no gradient, when ``entropy``)."""
+    (plus the per-position entropy ``[N]`` when ``entropy``: without gradient unless
+    ``entropy_grad``, which an entropy bonus in the loss needs)."""
     logps, ent = _ChunkedSelectiveLogSoftmax.apply(
-        hidden, weight, bias, targets, float(temperature), max(1, int(chunk_size)), bool(entropy)
+        hidden, weight, bias, targets, float(temperature), max(1, int(chunk_size)), bool(entropy or entropy_grad),
+        bool(entropy_grad),
     )
+    entropy = entropy or entropy_grad
     return logps, (ent if entropy else None)
 
 
@@ -114,35 +155,45 @@ def completion_logprobs(
     temperature: float = 1.0,
     chunk_size: int = DEFAULT_CHUNK,
     entropy: bool = False,
+    router_logits: list[Any] | None = None,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token logprobs ``[B, T]`` of ``input_ids`` under ``model`` where ``completion_mask`` is 1
     (0 elsewhere), aligned so position ``t`` scores token ``input_ids[:, t]`` — the layout of
     :class:`rlcore.Batch`. Runs the decoder body once, then only the selected positions go through
-    the ``lm_head``, in chunks."""
+    the ``lm_head``, in chunks. ``entropy``: also the per-token entropy ``[B, T]`` (with gradient
+    when ``entropy_grad``, for an entropy bonus; detached otherwise). ``router_logits``, a list,
+    receives an MoE model's router logits of this forward (for its load-balancing loss)."""
     body, head = _split_model(model)
+    extra = {"output_router_logits": True} if router_logits is not None else {}
     if is_data_parallel(model):
         # DDP all-reduces gradients only for forwards that go through its wrapper. Ask the full model
         # for the final hidden states and a single position of logits (not [B, T, V]).
         out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
-                    logits_to_keep=1, output_hidden_states=True)
+                    logits_to_keep=1, output_hidden_states=True, **extra)
         hidden = out.hidden_states[-1]
     else:
-        out = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        out = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **extra)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    if router_logits is not None:
+        router_logits.append(out.router_logits)
     B, T = input_ids.shape
     sel = torch.zeros_like(completion_mask, dtype=torch.bool)
     sel[:, 1:] = completion_mask[:, 1:] > 0  # token t is predicted by the hidden state at t-1
     rows, cols = sel.nonzero(as_tuple=True)
     h = hidden[rows, cols - 1]
     targets = input_ids[rows, cols]
-    lp, ent = selective_logprobs(h, head.weight, targets, bias=getattr(head, "bias", None),
-                                 temperature=temperature, chunk_size=chunk_size, entropy=entropy)
+    fp32 = bool(getattr(head, FP32_HEAD, False))  # cast_lm_head_to_fp32: float32 logits, outside autocast (TRL)
+    with torch.autocast(h.device.type, enabled=False) if fp32 else contextlib.nullcontext():
+        lp, ent = selective_logprobs(h.float() if fp32 else h, head.weight, targets, bias=getattr(head, "bias", None),
+                                     temperature=temperature, chunk_size=chunk_size, entropy=entropy,
+                                     entropy_grad=entropy_grad)
     logps = torch.zeros((B, T), dtype=lp.dtype, device=input_ids.device)
     logps = logps.index_put((rows, cols), lp)
     ent_full = None
-    if entropy and ent is not None:
+    if ent is not None:
         ent_full = torch.zeros((B, T), dtype=ent.dtype, device=input_ids.device)
-        ent_full[rows, cols] = ent
+        ent_full = ent_full.index_put((rows, cols), ent)
     return logps, ent_full
 
 
@@ -164,6 +215,13 @@ def _split_model(model: Any) -> tuple[Any, Any]:
     if body is None:
         body = m.model
     return body, head
+
+
+def naive_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """The plain entropy of ``softmax(logits / temperature)`` (full tensors, autograd): the
+    reference the chunked entropy and its gradient must equal."""
+    logp = torch.log_softmax(_upcast(logits) / temperature, dim=-1)
+    return -(logp.exp() * logp).sum(-1)
 
 
 def naive_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

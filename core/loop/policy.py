@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import attrs
 import torch
 
+from ..algorithms.entropy import EntropyBonus
 from ..algorithms.losses import LossConfig
 from ..algorithms.losses import loss_options as resolve_loss_options
 from ..protocols import declared_options
@@ -46,6 +47,10 @@ class Policy:
         max_grad_norm: clipping in :meth:`clip_grad_and_step`.
         temperature: divides logits exactly as at sampling time.
         logprob_chunk_size, top_entropy_quantile, mask_truncated_completions: as in GRPOConfig.
+        entropy_coef, use_adaptive_entropy, entropy_coef_min, entropy_coef_max, entropy_coef_delta,
+            entropy_target: TRL's entropy bonus, as in GRPOConfig (:mod:`rlcore.algorithms.entropy`);
+            :meth:`clip_grad_and_step` is the optimizer-step boundary where the adaptive
+            coefficient moves.
         remote_group: the device group to build it on (see :func:`rlcore.distributed.initialize`).
         reference: ``"auto"`` keeps a frozen copy for the KL term when ``beta`` > 0 (LoRA: the base
             model with adapters off), a module to use as the reference, or ``None``.
@@ -87,6 +92,12 @@ class Policy:
         logprob_chunk_size: int = 1024,
         top_entropy_quantile: float = 1.0,
         mask_truncated_completions: bool = False,
+        entropy_coef: float = 0.0,
+        use_adaptive_entropy: bool = False,
+        entropy_coef_min: float = 0.0,
+        entropy_coef_max: float = 1.0,
+        entropy_coef_delta: float = 0.005,
+        entropy_target: float = 0.2,
         reference: Any = "auto",
         device: Any = None,
         disable_dropout: bool = True,
@@ -122,6 +133,9 @@ class Policy:
         self.logprob_chunk_size = int(logprob_chunk_size)
         self.top_entropy_quantile = float(top_entropy_quantile)
         self.mask_truncated_completions = bool(mask_truncated_completions)
+        self.entropy_bonus = EntropyBonus.from_args(types.SimpleNamespace(
+            entropy_coef=entropy_coef, use_adaptive_entropy=use_adaptive_entropy, entropy_coef_min=entropy_coef_min,
+            entropy_coef_max=entropy_coef_max, entropy_coef_delta=entropy_coef_delta, entropy_target=entropy_target))
         self.ref_model = self._reference(reference)
         self.optimizer = _adamw(model, learning_rate, weight_decay, (adam_beta1, adam_beta2), adam_epsilon)
         from transformers import get_scheduler
@@ -178,6 +192,7 @@ class Policy:
             self.model, batch, self.loss_fn, self.loss_config(num_items), temperature=self.temperature,
             chunk_size=self.logprob_chunk_size, top_entropy_quantile=self.top_entropy_quantile,
             use_sampler_logps=bool(self.loss_options.get("is_correction")),
+            entropy_bonus=self.entropy_bonus,
         )
         (loss * loss_scale).backward()
         out = {"loss": float(loss.detach()), **metrics}
@@ -186,7 +201,9 @@ class Policy:
 
     def clip_grad_and_step(self, max_grad_norm: float | None = None) -> dict[str, float]:
         """Clip the accumulated gradients (``max_grad_norm``; ``None`` or 0: no clipping), step the
-        optimizer and the lr schedule, zero the gradients. Returns ``grad_norm`` and ``learning_rate``."""
+        optimizer and the lr schedule, zero the gradients. Returns ``grad_norm`` and ``learning_rate``
+        (and ``entropy_coef`` with an entropy bonus: the adaptive coefficient moves here, on the
+        entropy of every ``forward_backward`` since the last step)."""
         limit = self.max_grad_norm if max_grad_norm is None else max_grad_norm
         params = [p for p in self.model.parameters() if p.requires_grad]
         if limit:
@@ -199,7 +216,10 @@ class Policy:
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        return {"grad_norm": norm, "learning_rate": lr}
+        out = {"grad_norm": norm, "learning_rate": lr}
+        if self.entropy_bonus is not None:
+            out["entropy_coef"] = self.entropy_bonus.step()
+        return out
 
     def logprobs(self, inputs: Batch | Sequence[Trajectory], *, rows_per_pass: int | None = None) -> torch.Tensor:
         """Logprobs ``[B, T]`` of the inputs' tokens under the current policy, without gradient (the
@@ -235,14 +255,16 @@ class Policy:
 
     # --- checkpoints ---------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike[str]) -> str:
-        """Model (adapters only for LoRA) + tokenizer in HF format, and the optimizer, lr schedule
-        and step in ``policy_state.pt``; :meth:`load` restores all of it."""
+        """Model (adapters only for LoRA) + tokenizer in HF format, and the optimizer, lr schedule,
+        step and entropy-bonus controller in ``policy_state.pt``; :meth:`load` restores all of it."""
         path = os.fspath(path)
         os.makedirs(path, exist_ok=True)
         self.model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
         torch.save({"optimizer": self.optimizer.state_dict(), "lr_scheduler": self.lr_scheduler.state_dict(),
-                    "step": self.step}, os.path.join(path, _STATE_FILE))
+                    "step": self.step,
+                    "entropy_control": self.entropy_bonus.state_dict() if self.entropy_bonus is not None else None},
+                   os.path.join(path, _STATE_FILE))
         return path
 
     def load(self, path: str | os.PathLike[str]) -> None:
@@ -263,6 +285,8 @@ class Policy:
             self.optimizer.load_state_dict(state["optimizer"])
             self.lr_scheduler.load_state_dict(state["lr_scheduler"])
             self.step = int(state["step"])
+            if self.entropy_bonus is not None and self.entropy_bonus.adaptive and state.get("entropy_control") is not None:
+                self.entropy_bonus.load_state_dict(state["entropy_control"])
 
     def _reference(self, reference: Any) -> Any:
         """The frozen reference for the KL term (see the ``reference`` argument)."""

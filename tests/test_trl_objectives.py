@@ -382,3 +382,25 @@ def test_vllm_model_impl_reaches_the_vllm_engine(tmp_path: Any, vllm_standin: An
     args = rlcore.GRPOConfig(**dict(COMMON, output_dir=str(tmp_path / "hf"), vllm_model_impl="transformers"))
     with pytest.raises(rlcore.ConfigError, match="^vllm_model_impl='transformers' applies to the colocated vllm sampler"):
         rlcore.GRPOTrainer(tiny_model_path(), reward_funcs=[r_len], args=args, train_dataset=same_prompt_rows())
+
+
+def test_the_options_are_cli_and_yaml_flags(tmp_path: Any) -> None:
+    """`rlcore train --help` lists each option, and the flags (or a YAML config) set them."""
+    from rlcore.train_cli import _parser, _read_config_file, help_text
+
+    text = help_text()
+    names = ("multi_objective_aggregation", "off_policy_mask_threshold", "cast_lm_head_to_fp32", "router_aux_loss_coef",
+             "pad_to_multiple_of", "log_unique_prompts", "vllm_model_impl")
+    assert all(f"--{n}" in text for n in names)
+    argv = ["--output_dir", str(tmp_path / "cli"), "--use_cpu", "true", "--multi_objective_aggregation", "normalize_then_sum",
+            "--off_policy_mask_threshold", "0.5", "--cast_lm_head_to_fp32", "--router_aux_loss_coef", "0.01",
+            "--pad_to_multiple_of", "64", "--log_unique_prompts", "--vllm_model_impl", "transformers"]
+    (cfg,) = _parser().parse_args_into_dataclasses(args=argv)
+    assert (cfg.multi_objective_aggregation, cfg.off_policy_mask_threshold, cfg.cast_lm_head_to_fp32, cfg.router_aux_loss_coef,
+            cfg.pad_to_multiple_of, cfg.log_unique_prompts, cfg.vllm_model_impl) == (
+        "normalize_then_sum", 0.5, True, 0.01, 64, True, "transformers")
+    path = tmp_path / "run.yaml"
+    path.write_text("multi_objective_aggregation: normalize_then_sum\npad-to-multiple-of: 32\noff_policy_mask_threshold: 0.25\n")
+    values = _read_config_file(str(path))
+    cfg = rlcore.GRPOConfig(output_dir=str(tmp_path / "yaml"), **values)
+    assert (cfg.multi_objective_aggregation, cfg.pad_to_multiple_of, cfg.off_policy_mask_threshold) == ("normalize_then_sum", 32, 0.25)

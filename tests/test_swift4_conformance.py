@@ -350,6 +350,19 @@ class GYMScheduler(MultiTurnScheduler):
 
 # --- rlcore's code from here: environments, schedulers built on the fixtures, the checks -------------------
 
+#: ChatML whose earlier assistant messages lose their <think> block, as Qwen3-style templates do
+THINK_DROPPING_TEMPLATE = (
+    "{% set ns = namespace(last_user=-1) %}"
+    "{% for m in messages %}{% if m['role'] == 'user' %}{% set ns.last_user = loop.index0 %}{% endif %}{% endfor %}"
+    "{% for message in messages %}"
+    "{% set content = message['content'] %}"
+    "{% if message['role'] == 'assistant' and loop.index0 < ns.last_user and '</think>' in content %}"
+    "{% set content = content.split('</think>')[-1].lstrip() %}{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n{{ content }}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
 MOVES = ("LEFT", "DOWN", "RIGHT", "UP")
 #: the shortest way over gymnasium's default 4x4 FrozenLake map (is_slippery=False)
 SAFE_PATH = ["RIGHT", "RIGHT", "DOWN", "DOWN", "DOWN", "RIGHT"]
@@ -551,6 +564,23 @@ async def test_copied_base_run_keeping_the_eos_fails_loudly(tok: Any) -> None:
     for t in res.trajectories:
         assert t.status == "failed"
         assert t.reason.startswith("scheduler TipKeepingEos turn 1: MessagesEditError: token-backed assistant message 1 holds the closing token '<|im_end|>'"), t.reason
+
+
+async def test_copied_base_run_on_a_template_that_drops_thinking(tok: Any) -> None:
+    """ms-swift 4.x keeps the history as token ids, so a template that drops earlier ``<think>``
+    blocks (Qwen3's) never re-renders them; rlcore holds every trajectory to the template's
+    rendering of its final messages, which no longer shows them: the trajectory fails at that turn
+    with the ChatTemplateError reason docs/porting-ms-swift.md gives (one output per round is the
+    shape that works there)."""
+    dropping = copy.deepcopy(tok)
+    dropping.chat_template = THINK_DROPPING_TEMPLATE
+    s = scripted(dropping, ["<think>hmm</think>no", "yes"])
+    res = await run_rollouts(AskAgain(s, max_turns=3), questions(dropping, 1), sampling_params=PARAMS, progress=False)
+    t = res.trajectories[0]
+    assert t.status == "failed" and t.reason.startswith("scheduler AskAgain turn 1: ChatTemplateError"), t.reason
+    s = scripted(dropping, ["no", "yes"])  # without thinking in the history the same run is sound
+    res = await run_rollouts(AskAgain(s, max_turns=3), questions(dropping, 1), sampling_params=PARAMS, progress=False)
+    sound(res.trajectories, dropping, s)
 
 
 async def test_ids_that_are_not_the_answer_fail_loudly(tok: Any) -> None:

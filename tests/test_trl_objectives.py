@@ -404,3 +404,27 @@ def test_the_options_are_cli_and_yaml_flags(tmp_path: Any) -> None:
     values = _read_config_file(str(path))
     cfg = rlcore.GRPOConfig(output_dir=str(tmp_path / "yaml"), **values)
     assert (cfg.multi_objective_aggregation, cfg.pad_to_multiple_of, cfg.off_policy_mask_threshold) == ("normalize_then_sum", 32, 0.25)
+
+
+def test_loop_policy_takes_the_model_options() -> None:
+    """rlcore.loop.Policy (the hand-written-loop API) runs the same code: an MoE policy adds
+    coef × aux to its loss, and the float32 head applies to it and its reference model."""
+    from rlcore import SamplingParams
+    from rlcore.loop import Policy, sample
+
+    losses, aux = {}, {}
+    for coef in (0.0, 0.5):
+        policy = Policy(tiny_model_path(arch="qwen2_moe"), loss="grpo", router_aux_loss_coef=coef)
+        sampler = rlcore.get("sampler", "hf")(policy.model, policy.tokenizer, seed=0)
+        trajs = sample(sampler, ["What is 2+2?"], SamplingParams(max_tokens=4, n=4, seed=0))
+        out = policy.forward_backward(trajs, [1.0, -1.0, 0.5, -0.5])
+        losses[coef], aux[coef] = out["loss"], out.get("aux_loss")
+    assert aux[0.0] is None and aux[0.5] > 0
+    assert losses[0.5] - losses[0.0] == pytest.approx(0.5 * aux[0.5], rel=1e-4)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path(), dtype=torch.bfloat16)
+    policy = Policy(model, loss="grpo", beta=0.04, cast_lm_head_to_fp32=True)
+    assert policy.model.lm_head.weight.dtype == policy.ref_model.lm_head.weight.dtype == torch.float32
+    assert policy.ref_model.lm_head is not policy.model.lm_head
+    assert policy.ref_model.lm_head.forward.__self__ is policy.ref_model.lm_head  # the copy computes with its own weight

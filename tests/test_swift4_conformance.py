@@ -1,23 +1,26 @@
-"""Conformance with ms-swift 4.x: its scheduler code runs on rlcore with only the imports changed.
+"""Conformance with ms-swift 4.x: schedulers written in its API run on rlcore.
 
 ms-swift 4.0 moved the schedulers to ``swift/rollout/`` and gave ``RolloutScheduler`` helpers that
-keep assistant messages as their exact token ids (``set_assistant_message_token_ids``,
-``snapshot_and_materialize_assistant_messages``, ``append_assistant_completion``,
-``get_response_token_data``, ``prepare_response_continuation`` …); its ``MultiTurnScheduler.run``
-calls them, and so does any ``run`` a user copies from it to customise. This module holds two of
-ms-swift 4.6.0's own class bodies, unchanged, as compatibility fixtures:
+keep assistant messages as their exact token ids (``get_response_token_data``,
+``prepare_response_continuation``, ``set_assistant_message_token_ids``,
+``snapshot_and_materialize_assistant_messages``, ``restore_assistant_message_snapshots``,
+``append_assistant_completion``, ``engine``) and two async hooks (``on_trajectory_start``,
+``on_turn_end`` whose ``done`` decides). The schedulers below are our own code, written the way a
+4.x user writes one against ms-swift 4.6.0's API (``swift/rollout/multi_turn.py``,
+``swift/rollout/gym_env.py``, ``swift/infer_engine/protocol.py``); only the import lines differ from
+what one would write for ms-swift (``from swift.rollout import MultiTurnScheduler`` becomes
+``from rlcore import MultiTurnScheduler``), as in the 3.x suite (tests/test_scheduler_conformance.py):
 
-* ``CopiedRun.run`` — the body of ``MultiTurnScheduler.run`` (``swift/rollout/multi_turn.py``,
-  ms-swift 4.6.0, lines 328-512), what a 4.x user who customises ``run`` starts from;
-* ``GYMScheduler`` — the whole class (same file, lines 838-939), driven by real gymnasium
-  environments registered in this module's ``envs`` dict, the way 4.x's ``gym_env.envs`` is.
+* ``OwnRun`` overrides ``run``: it starts its trajectory itself, keeps each answered assistant
+  message as token ids between turns, lets text-reading hooks see decoded text, lets ``step``
+  rewrite a round's ids (a tip after the sample) and reports per-round ids, masks and logprobs.
+  ``AskAgain``, ``TipAfterSample`` and ``TipKeepingEos`` are ``step``/``check_finished`` on top of it.
+* ``LakeScheduler`` drives real gymnasium FrozenLake through the hooks only (per-step rewards in
+  ``rollout_infos``), on rlcore's loop and under ``OwnRun``.
 
-Both are Copyright (c) ModelScope Contributors, Apache License 2.0
-(https://github.com/modelscope/ms-swift/blob/main/LICENSE), kept verbatim so that the tests prove
-drop-in compatibility; only the import lines above them differ from ms-swift's. The rest of this
-module is rlcore's. Every trajectory is held to rlcore's invariant checker and to an independent
-check of the token rule (``sound``), or fails with the reason rlcore documents
-(docs/porting-ms-swift.md) where ms-swift's behaviour is what rlcore refuses.
+Every trajectory is held to rlcore's invariant checker and to an independent check of the token
+rule (``sound``), or fails with the reason rlcore documents (docs/porting-ms-swift.md) where what
+ms-swift does is what rlcore refuses.
 """
 
 from __future__ import annotations
@@ -26,329 +29,16 @@ import asyncio
 import copy
 from typing import Any
 
+import attrs
 import pytest
 
-from rlcore.rollout import build_scheduler, check_batch, encode_prompt, run_rollouts
+from rlcore import Env, MultiTurnScheduler
+from rlcore.rollout import RolloutOutput, build_scheduler, check_batch, encode_prompt, remove_response, run_rollouts
 from rlcore.testing import ScriptedSampler
 from rlcore.types import Completion, Prompt, SamplingParams, Trajectory
 
-# --- the import lines: ms-swift 4.6.0's, changed to rlcore's -----------------------------------------
-# ms-swift: import asyncio / from copy import deepcopy / from typing import Any, Dict, List, Optional, Union
-# ms-swift: from swift.rollout import Env, MultiTurnScheduler   (swift/rollout/gym_env.py, multi_turn.py)
-# ms-swift: from swift.infer_engine.protocol import RolloutOutput
-# ms-swift: from swift.template import Messages
-# ms-swift: from swift.utils import remove_response
-from copy import deepcopy  # noqa: E402
-from typing import Dict, List, Optional, Union  # noqa: E402,F401
-
-from rlcore import Env, Messages, MultiTurnScheduler  # noqa: E402,F401
-from rlcore.rollout import RolloutOutput, remove_response  # noqa: E402
-
 PARAMS = SamplingParams(max_tokens=24)
 
-
-# ====== ms-swift 4.6.0 (Apache-2.0), swift/rollout/multi_turn.py lines 328-512, verbatim =====================
-class CopiedRun(MultiTurnScheduler):
-
-    async def run(self, infer_request: 'RolloutInferRequest', request_config: 'RequestConfig',
-                  **kwargs) -> Union['RolloutOutput', List['RolloutOutput']]:
-        """Execute multi-turn conversation rollout with built-in turn management logic.
-
-        This implements the default multi-turn interaction flow that can be overridden
-        to customize conversation handling behavior. The default logic provides:
-
-        1. Automatic conversation turn management and stopping conditions
-        2. Seamless message accumulation across multiple turns
-        3. Response token tracking and loss mask management
-        4. Configurable early stopping mechanisms
-
-        Args:
-            infer_request: The initial inference request containing conversation messages
-            request_config: Configuration parameters for the inference request
-            **kwargs: Additional inference parameters passed to the engine
-
-        Returns:
-            RolloutOutput containing the complete conversation history and metadata,
-            or a list of outputs for batched requests
-
-        Customization Approaches:
-            - Override check_finished() to implement custom stopping criteria
-            - Override step() to customize turn-to-turn transition logic
-            - Override this entire run() method for completely custom multi-turn behavior
-
-        Important Notes:
-            - Method overriding is only supported when using server mode (swift rollout)
-              with vllm_use_async_engine=True
-            - Custom implementations must maintain async/await compatibility
-            - Ensure proper handling of conversation state across turns
-
-        Example:
-            class CustomScheduler(MultiTurnScheduler):
-                async def run(self, infer_request, request_config, **kwargs):
-                    # Implement custom multi-turn conversation logic
-                    # Must return RolloutOutput or List[RolloutOutput]
-                    ...
-        """
-        current_request = infer_request
-        await self.on_trajectory_start([current_request])
-        current_turn = 1
-        rollout_infos = {}
-        total_response_ids = []
-        total_response_loss_mask = []
-        total_rollout_logprobs = []
-        while True:
-            messages = current_request.messages
-            if current_turn == 1:
-                # If it's the first turn, remove the response
-                # Keep the original logic, but I think this step is unnecessary here.
-                remove_response(messages)
-
-            # Get model response
-            response: 'ChatCompletionResponse' = await self.infer_engine.infer_async(
-                current_request, request_config, **kwargs)
-            response_choice: 'ChatCompletionResponseChoice' = response.choices[0]
-
-            if current_turn > 1 and not messages[-1]['content']:
-                # The dummy assistant message was intentionally kept during `infer_async`
-                # to ensure correct history processing by the template.
-                # It is now removed before appending the new completion.
-                # otherwise, a syntax error would occur when executing messages[-1]['content'] += completion.
-                remove_response(messages)
-
-            # Update conversation history
-            completion = response_choice.message.content
-            is_continuation = self.append_assistant_completion(current_request, completion)
-
-            # Check stopping conditions
-            assistant_snapshots = self.snapshot_and_materialize_assistant_messages(current_request)
-            try:
-                turn_result = await self.on_turn_end(current_request, response_choice, current_turn)
-                if turn_result.get('rollout_infos'):
-                    rollout_infos.update(turn_result['rollout_infos'])
-                should_stop = self.check_finished(current_request, response_choice, current_turn)
-                if 'done' in turn_result:
-                    should_stop = turn_result['done']
-            finally:
-                self.restore_assistant_message_snapshots(assistant_snapshots)
-
-            # double-check if user forget to judge the max_turns
-            if self.max_turns:
-                should_stop = should_stop or (current_turn >= self.max_turns)
-
-            if should_stop:
-                # Collect final turn's data
-                current_logprobs = self._extract_logprobs_from_choice(response_choice)
-                final_token_ids, final_loss_mask = self.get_response_token_data(
-                    current_request, response_choice, is_continuation=is_continuation)
-
-                if is_continuation and total_response_ids:
-                    # For continuation, extend the last turn's data
-                    total_response_ids[-1].extend(final_token_ids)
-                    if total_response_loss_mask:
-                        total_response_loss_mask[-1].extend(final_loss_mask)
-                    if total_rollout_logprobs and current_logprobs:
-                        total_rollout_logprobs[-1].extend(current_logprobs)
-                else:
-                    # Start a new assistant turn, including the first-turn-immediate-stop case.
-                    if final_token_ids:
-                        total_response_ids.append(list(final_token_ids))
-                        total_response_loss_mask.append(final_loss_mask)
-                    if current_logprobs:
-                        total_rollout_logprobs.append(current_logprobs)
-
-                # Validate rollout_logprobs completeness: if logprobs are incomplete (missing for some turns),
-                # clear them to disable rollout importance sampling correction (which requires complete logprobs)
-                # Note: rollout_logprobs should match the number of loss_mask=1 tokens, not total response tokens
-                # because completion_mask in grpo_trainer is based on labels != -100, which corresponds to loss_mask=1
-                final_rollout_logprobs = total_rollout_logprobs
-                if total_rollout_logprobs:
-                    total_logprob_count = sum(len(turn_lps) for turn_lps in total_rollout_logprobs)
-                    if total_response_loss_mask:
-                        # Check if the number of logprobs matches the number of loss_mask=1 tokens
-                        total_loss_mask_1_count = sum(sum(mask) for mask in total_response_loss_mask)
-                        if total_loss_mask_1_count != total_logprob_count:
-                            # Incomplete logprobs, clear them
-                            final_rollout_logprobs = []
-                    else:
-                        if total_response_ids:
-                            total_response_id_count = sum(len(turn_ids) for turn_ids in total_response_ids)
-                            if total_response_id_count != total_logprob_count:
-                                final_rollout_logprobs = []
-                        else:
-                            final_rollout_logprobs = []
-
-                return RolloutOutput(
-                    response=response,
-                    messages=messages,
-                    response_token_ids=total_response_ids,
-                    response_loss_mask=total_response_loss_mask,
-                    rollout_infos={
-                        **rollout_infos, 'num_turns': current_turn
-                    },
-                    rollout_logprobs=final_rollout_logprobs,
-                )
-
-            # Prepare next turn
-            response_ids, response_mask = self.get_response_token_data(
-                current_request, response_choice, is_continuation=is_continuation)
-            ret = self.step(current_request, response_choice, current_turn)
-            ret.setdefault('response_token_ids', response_ids)
-            ret.setdefault('response_loss_mask', response_mask)
-            current_request: 'RolloutInferRequest' = ret['infer_request']
-
-            # Track response tokens and masks
-            return_token_id = False
-            if 'response_token_ids' in ret:
-                if is_continuation and total_response_ids:
-                    total_response_ids[-1].extend(ret['response_token_ids'])
-                else:
-                    total_response_ids.append(ret['response_token_ids'])
-                return_token_id = True
-
-            if 'response_loss_mask' in ret:
-                assert return_token_id, 'You must return response_token_ids if you want to return response_loss_mask'
-                assert len(ret['response_loss_mask']) == len(ret['response_token_ids']), \
-                    'response_loss_mask must have the same length as response_token_ids'
-                if is_continuation and total_response_loss_mask:
-                    total_response_loss_mask[-1].extend(ret['response_loss_mask'])
-                else:
-                    total_response_loss_mask.append(ret['response_loss_mask'])
-
-            if 'rollout_infos' in ret:
-                # Always overwrite the rollout info for this step.
-                # If you need to keep all step-wise details, switch to append or merge instead.
-                rollout_infos.update(ret['rollout_infos'])
-
-            # Track rollout_logprobs for rollout importance sampling correction
-            # Prefer step's returned logprobs (which may be modified/truncated) over raw response_choice logprobs
-            if 'rollout_logprobs' in ret and ret['rollout_logprobs']:
-                current_logprobs = ret['rollout_logprobs']
-            else:
-                current_logprobs = self._extract_logprobs_from_choice(response_choice)
-            if current_logprobs:
-                if is_continuation and total_rollout_logprobs:
-                    total_rollout_logprobs[-1].extend(current_logprobs)
-                else:
-                    total_rollout_logprobs.append(current_logprobs)
-
-            if total_response_ids:
-                self.set_assistant_message_token_ids(current_request, total_response_ids[-1])
-
-            current_turn += 1
-
-
-# ====== end of ms-swift 4.6.0's MultiTurnScheduler.run =====================================================
-
-
-# ====== ms-swift 4.6.0 (Apache-2.0), swift/rollout/multi_turn.py lines 838-939, verbatim =====================
-class GYMScheduler(MultiTurnScheduler):
-    """Gym environment-driven scheduler using universal hooks.
-
-    Implements ``on_trajectory_start`` (env.reset) and ``on_turn_end`` (env.step)
-    to integrate gym environments into the multi-turn protocol. Works in both
-    server mode (``run()``) and colocate mode (``run_multi_turn()``).
-    """
-
-    def __init__(self, infer_engine: Optional['GRPOVllmEngine'] = None, max_turns: Optional[int] = None, **kwargs):
-        super().__init__(infer_engine, max_turns, **kwargs)
-        self.gym_env_name = kwargs.get('gym_env', None)
-        # Per-trajectory state (keyed by uuid)
-        self._envs: Dict[str, Env] = {}
-        self._total_rewards: Dict[str, float] = {}
-        self._step_rewards: Dict[str, List[float]] = {}
-        self._pending_obs: Dict[str, Optional[str]] = {}
-
-    async def _close_and_remove(self, uuid: str) -> None:
-        """Close env for a given uuid and remove all associated state."""
-        env = self._envs.pop(uuid, None)
-        if env is not None:
-            try:
-                await env.close()
-            except Exception:
-                pass
-        self._total_rewards.pop(uuid, None)
-        self._step_rewards.pop(uuid, None)
-        self._pending_obs.pop(uuid, None)
-
-    # ------------------------------------------------------------------
-    # Universal async hooks (called by both run() and run_multi_turn())
-    # ------------------------------------------------------------------
-    async def on_trajectory_start(self, requests: List['RolloutInferRequest']) -> None:
-        """Create one env per request and seed messages with initial observation."""
-
-        async def _init_single(req: 'RolloutInferRequest') -> None:
-            uuid = req.uuid
-            if uuid in self._envs:
-                await self._close_and_remove(uuid)
-
-            env_config = (req.data_dict or {}).get('env_config', {}) if hasattr(req, 'data_dict') else {}
-            env = self._create_env(env_config)
-            observation, info, system_message = await env.reset(req)
-
-            messages: Messages = []
-            if system_message:
-                messages.append({'role': 'system', 'content': system_message})
-            messages.append({'role': 'user', 'content': observation})
-            req.messages = messages
-
-            self._envs[uuid] = env
-            self._total_rewards[uuid] = 0.0
-            self._step_rewards[uuid] = []
-            self._pending_obs[uuid] = None
-
-        await asyncio.gather(*[_init_single(req) for req in requests])
-
-    async def on_turn_end(self, infer_request: 'RolloutInferRequest', response_choice: 'ChatCompletionResponseChoice',
-                          current_turn: int) -> Dict[str, Any]:
-        """Advance the gym env, accumulate reward, and return done + rollout_infos."""
-        uuid = infer_request.uuid
-        env = self._envs.get(uuid)
-        if env is None:
-            return {'done': True, 'rollout_infos': {}}
-
-        next_obs, reward, done, info = await env.step(deepcopy(infer_request.messages))
-        self._total_rewards[uuid] = self._total_rewards.get(uuid, 0.0) + float(reward)
-        self._step_rewards.setdefault(uuid, []).append(float(reward))
-
-        self._pending_obs[uuid] = None if done else next_obs
-
-        rollout_infos: Dict[str, Any] = {
-            'total_reward': self._total_rewards[uuid],
-            'step_rewards': list(self._step_rewards.get(uuid, [])),
-            'gym_done': done,
-        }
-        if done:
-            await self._close_and_remove(uuid)
-
-        return {'done': done, 'rollout_infos': rollout_infos}
-
-    # ------------------------------------------------------------------
-    # Step hook (injects next observation for the next turn)
-    # ------------------------------------------------------------------
-    def step(self, infer_request: 'RolloutInferRequest', response_choice: 'ChatCompletionResponseChoice',
-             current_turn: int) -> Dict[str, Any]:
-        uuid = infer_request.uuid
-        next_obs = self._pending_obs.get(uuid)
-        if next_obs is not None:
-            infer_request.messages.append({'role': 'user', 'content': next_obs})
-            self._pending_obs[uuid] = None
-        return {'infer_request': infer_request}
-
-    # ------------------------------------------------------------------
-    # Env helpers
-    # ------------------------------------------------------------------
-    def _create_env(self, env_config: Dict) -> Env:
-        env_name = env_config.get('name', self.gym_env_name)
-        if env_name not in envs:
-            raise ValueError(f"Environment '{env_name}' not found. Available: {list(envs.keys())}")
-        return envs[env_name](env_config)
-
-
-
-# ====== end of ms-swift 4.6.0's GYMScheduler ===============================================================
-
-
-# --- rlcore's code from here: environments, schedulers built on the fixtures, the checks -------------------
 
 #: ChatML whose earlier assistant messages lose their <think> block, as Qwen3-style templates do
 THINK_DROPPING_TEMPLATE = (
@@ -397,11 +87,86 @@ class FrozenLakeEnv(Env):
         self.env.close()
 
 
-envs = {"frozen_lake": FrozenLakeEnv}
 
 
-class AskAgain(CopiedRun):
-    """A 4.x user's scheduler: ms-swift's base ``run`` (copied) with its own ``step``/``check_finished``."""
+
+# --- our schedulers, in ms-swift 4.x's API -----------------------------------------------------------------
+
+
+@attrs.define
+class AssistantRounds:
+    """What a 4.x ``run`` reports, one entry per assistant message: its token ids, loss mask and
+    the logprobs of its sampled (mask-1) tokens."""
+
+    ids: list[list[int]] = attrs.Factory(list)
+    masks: list[list[int]] = attrs.Factory(list)
+    logprobs: list[list[float]] = attrs.Factory(list)
+
+    def record(self, ids: list[int], mask: list[int], logprobs: list[float], same_message: bool) -> None:
+        """A continuation grows the message it continues; anything else is a new message."""
+        if same_message and self.ids:
+            self.ids[-1] += ids
+            self.masks[-1] += mask
+            self.logprobs[-1] += logprobs
+        else:
+            self.ids.append(list(ids))
+            self.masks.append(list(mask))
+            self.logprobs.append(list(logprobs))
+
+    def logprobs_for_training(self) -> list[list[float]]:
+        """All or nothing: importance-sampling correction needs one logprob per trained token."""
+        have = sum(len(x) for x in self.logprobs)
+        return self.logprobs if have and have == sum(sum(m) for m in self.masks) else []
+
+
+class OwnRun(MultiTurnScheduler):
+    """A 4.x user's ``run`` override, built on the base class's helpers."""
+
+    async def run(self, infer_request, request_config, **kwargs):
+        request = infer_request
+        await self.on_trajectory_start([request])  # a 4.x run starts its own trajectory
+        remove_response(request.messages)  # a dataset row may end with its reference answer
+        rounds = AssistantRounds()
+        infos: dict[str, Any] = {}
+        turn = 0
+        while True:
+            turn += 1
+            response = await self.engine.infer_async(request, request_config, **kwargs)
+            choice = response.choices[0]
+            continued = self.append_assistant_completion(request, choice.message.content)
+            finished = await self.turn_over(request, choice, turn, infos)
+            ids, mask = self.get_response_token_data(request, choice, is_continuation=continued)
+            logprobs = self._extract_logprobs_from_choice(choice)
+            if finished:
+                rounds.record(ids, mask, logprobs, continued)
+                return RolloutOutput(response=response, messages=request.messages, response_token_ids=rounds.ids,
+                                     response_loss_mask=rounds.masks, rollout_logprobs=rounds.logprobs_for_training(),
+                                     rollout_infos={**infos, "num_turns": turn})
+            edit = self.step(request, choice, turn)
+            request = edit["infer_request"]
+            if "response_token_ids" in edit:  # the step rewrote this round's tokens, e.g. a tip after the sample
+                ids, mask = self.get_response_token_data(request, choice, continued, edit["response_token_ids"],
+                                                         edit.get("response_loss_mask"))
+                logprobs = edit.get("rollout_logprobs") or logprobs
+            infos.update(edit.get("rollout_infos") or {})
+            rounds.record(ids, mask, logprobs, continued)
+            self.set_assistant_message_token_ids(request, rounds.ids[-1])  # the next turn reads exactly these ids
+
+    async def turn_over(self, request, choice, turn: int, infos: dict[str, Any]) -> bool:
+        """The hooks read text: decode the token-backed history for them, then put the ids back.
+        ``on_turn_end``'s ``done``, when given, is the answer; ``max_turns`` always ends it."""
+        decoded = self.snapshot_and_materialize_assistant_messages(request)
+        try:
+            verdict = await self.on_turn_end(request, choice, turn)
+            infos.update(verdict.get("rollout_infos") or {})
+            finished = verdict["done"] if "done" in verdict else self.check_finished(request, choice, turn)
+        finally:
+            self.restore_assistant_message_snapshots(decoded)
+        return bool(finished) or bool(self.max_turns and turn >= self.max_turns)
+
+
+class AskAgain(OwnRun):
+    """``OwnRun`` with a ``step`` that asks again in a new user message until the answer says yes."""
 
     def check_finished(self, infer_request, response_choice, current_turn):
         if "yes" in response_choice.message.content:
@@ -413,10 +178,10 @@ class AskAgain(CopiedRun):
         return {"infer_request": infer_request}
 
 
-class TipAfterSample(CopiedRun):
-    """A 4.x user's continuation scheduler: ``step`` appends a tip after the sampled tokens with
-    ``prepare_response_continuation`` (rlcore's drops the sampled eos) and ms-swift's base ``run``
-    freezes the message as those ids (``set_assistant_message_token_ids``)."""
+class TipAfterSample(OwnRun):
+    """A continuation: ``step`` appends a tip after the sampled tokens with
+    ``prepare_response_continuation`` (rlcore's drops the sampled eos) and ``OwnRun`` freezes the
+    message as those ids (``set_assistant_message_token_ids``)."""
 
     tip = " But wait, let me check."
 
@@ -434,7 +199,7 @@ class TipAfterSample(CopiedRun):
 
 
 class TipKeepingEos(TipAfterSample):
-    """What ms-swift 4.6.0's own ``prepare_response_continuation`` returns: the sampled eos kept."""
+    """The ids ms-swift 4.6.0's ``prepare_response_continuation`` gives: the sampled eos kept."""
 
     def step(self, infer_request, response_choice, current_turn):
         ids = list(response_choice.token_ids)
@@ -443,8 +208,60 @@ class TipKeepingEos(TipAfterSample):
                 "response_loss_mask": [1] * len(ids) + [0] * len(tip_ids)}
 
 
-class GymWithCopiedRun(CopiedRun, GYMScheduler):
-    """GYMScheduler's hooks under ms-swift's base ``run``, which calls ``on_trajectory_start`` itself."""
+@attrs.define
+class Episode:
+    """One trajectory's env, its rewards so far, and what it said last (shown by ``step``)."""
+
+    env: Env
+    rewards: list[float] = attrs.Factory(list)
+    observation: str | None = None
+
+
+class LakeScheduler(MultiTurnScheduler):
+    """A 4.x env scheduler on the universal hooks alone: ``on_trajectory_start`` opens the env the
+    row's ``env_config`` names and puts its first observation in the messages; ``on_turn_end``
+    hands it the conversation and answers ``done`` with the per-step rewards in ``rollout_infos``;
+    ``step`` shows the model the env's answer. An env is closed when its episode ends."""
+
+    env_types = {"frozen_lake": FrozenLakeEnv}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.episodes: dict[str, Episode] = {}
+
+    async def on_trajectory_start(self, requests):
+        await asyncio.gather(*(self.open_episode(r) for r in requests))
+
+    async def open_episode(self, request) -> None:
+        config = dict(request.data_dict.get("env_config") or {})
+        env = self.env_types[config["name"]](config)
+        first, _info, system = await env.reset(request)
+        request.messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": first}]
+        self.episodes[request.uuid] = Episode(env)
+
+    async def on_turn_end(self, infer_request, response_choice, current_turn):
+        episode = self.episodes.get(infer_request.uuid)
+        if episode is None:
+            return {"done": True}
+        observation, reward, done, _info = await episode.env.step(copy.deepcopy(infer_request.messages))
+        episode.rewards.append(float(reward))
+        episode.observation = None if done else observation
+        if done:
+            del self.episodes[infer_request.uuid]
+            await episode.env.close()
+        return {"done": done, "rollout_infos": {"total_reward": sum(episode.rewards),
+                                                "step_rewards": list(episode.rewards), "gym_done": done}}
+
+    def step(self, infer_request, response_choice, current_turn):
+        episode = self.episodes.get(infer_request.uuid)
+        if episode is not None and episode.observation is not None:
+            infer_request.messages.append({"role": "user", "content": episode.observation})
+            episode.observation = None
+        return {"infer_request": infer_request}
+
+
+class LakeUnderOwnRun(OwnRun, LakeScheduler):
+    """``LakeScheduler``'s hooks under ``OwnRun``, which calls ``on_trajectory_start`` itself."""
 
 
 # --- checks ------------------------------------------------------------------------------------------------
@@ -532,10 +349,10 @@ def questions(tok: Any, n: int = 2) -> list[Prompt]:
     return out
 
 
-# --- ms-swift 4.6.0's base run, copied by a user ------------------------------------------------------------
+# --- a 4.x-style run override -------------------------------------------------------------------------------
 
 
-async def test_copied_base_run_with_new_user_messages(tok: Any) -> None:
+async def test_own_run_with_new_user_messages(tok: Any) -> None:
     s = scripted(tok, ["no", "still no", "yes 3"])
     res = await run_rollouts(AskAgain(s, max_turns=5), questions(tok), sampling_params=PARAMS, progress=False)
     for t in res.trajectories:  # each answer its own round: trained, with the user turns untrained between
@@ -545,7 +362,7 @@ async def test_copied_base_run_with_new_user_messages(tok: Any) -> None:
     sound(res.trajectories, tok, s)
 
 
-async def test_copied_base_run_continuation_after_the_sampled_tokens(tok: Any) -> None:
+async def test_own_run_continuation_after_the_sampled_tokens(tok: Any) -> None:
     s = scripted(tok, ["so it is 4", " no, 3"])
     res = await run_rollouts(TipAfterSample(s, max_turns=3), questions(tok), sampling_params=PARAMS, progress=False)
     for t in res.trajectories:
@@ -557,8 +374,8 @@ async def test_copied_base_run_continuation_after_the_sampled_tokens(tok: Any) -
     sound(res.trajectories, tok, s)
 
 
-async def test_copied_base_run_keeping_the_eos_fails_loudly(tok: Any) -> None:
-    """ms-swift 4.6.0 re-sends the message with the sampled eos inside and continues after it."""
+async def test_own_run_keeping_the_eos_fails_loudly(tok: Any) -> None:
+    """ms-swift 4.6.0's base run re-sends a continued message with the sampled eos inside, as this does."""
     s = scripted(tok, ["so it is 4", " no, 3"])
     res = await run_rollouts(TipKeepingEos(s, max_turns=3), questions(tok), sampling_params=PARAMS, progress=False)
     for t in res.trajectories:
@@ -566,7 +383,7 @@ async def test_copied_base_run_keeping_the_eos_fails_loudly(tok: Any) -> None:
         assert t.reason.startswith("scheduler TipKeepingEos turn 1: MessagesEditError: token-backed assistant message 1 holds the closing token '<|im_end|>'"), t.reason
 
 
-async def test_copied_base_run_on_a_template_that_drops_thinking(tok: Any) -> None:
+async def test_own_run_on_a_template_that_drops_thinking(tok: Any) -> None:
     """ms-swift 4.x keeps the history as token ids, so a template that drops earlier ``<think>``
     blocks (Qwen3's) never re-renders them; rlcore holds every trajectory to the template's
     rendering of its final messages, which no longer shows them: the trajectory fails at that turn
@@ -597,13 +414,13 @@ async def test_ids_that_are_not_the_answer_fail_loudly(tok: Any) -> None:
     assert t.status == "failed" and "token-backed assistant message 1 was set to" in t.reason, t.reason
 
 
-# --- GYMScheduler (verbatim) on real gymnasium environments -------------------------------------------------
+# --- a hook-based env scheduler on real gymnasium environments ----------------------------------------------
 
 
-async def test_gym_scheduler_reaches_the_goal(tok: Any) -> None:
+async def test_lake_scheduler_reaches_the_goal(tok: Any) -> None:
     FrozenLakeEnv.resets = FrozenLakeEnv.closes = 0
     s = scripted(tok, SAFE_PATH)
-    sched = build_scheduler(GYMScheduler, s, tok, max_turns=8)
+    sched = build_scheduler(LakeScheduler, s, tok, max_turns=8)
     res = await run_rollouts(sched, questions(tok, 1), sampling_params=PARAMS, progress=False)
     t = res.trajectories[0]
     assert t.messages[0] == {"role": "system", "content": "You cross a frozen lake."}
@@ -613,20 +430,20 @@ async def test_gym_scheduler_reaches_the_goal(tok: Any) -> None:
     sound(res.trajectories, tok, s)
 
 
-async def test_gym_scheduler_invalid_moves_and_holes(tok: Any) -> None:
+async def test_lake_scheduler_invalid_moves_and_holes(tok: Any) -> None:
     s = scripted(tok, ["I will go DOWN", "jump", "RIGHT"])  # cell 4, invalid, cell 5 is a hole
-    res = await run_rollouts(build_scheduler(GYMScheduler, s, tok, max_turns=8), questions(tok, 1), sampling_params=PARAMS, progress=False)
+    res = await run_rollouts(build_scheduler(LakeScheduler, s, tok, max_turns=8), questions(tok, 1), sampling_params=PARAMS, progress=False)
     t = res.trajectories[0]
     assert t.num_turns == 3 and t.step_rewards == [0.0, 0.0, 0.0] and t.infos["gym_done"] is True
     assert "Say one of LEFT" in t.messages[-2]["content"]
     sound(res.trajectories, tok, s)
 
 
-async def test_gym_hooks_under_the_copied_run_reset_once(tok: Any) -> None:
-    """ms-swift's base run calls on_trajectory_start itself; rlcore's driver already did: once only."""
+async def test_lake_hooks_under_own_run_reset_once(tok: Any) -> None:
+    """A 4.x run calls on_trajectory_start itself; rlcore's driver already did: once only."""
     FrozenLakeEnv.resets = 0
     s = scripted(tok, SAFE_PATH)
-    res = await run_rollouts(build_scheduler(GymWithCopiedRun, s, tok, max_turns=8), questions(tok, 2),
+    res = await run_rollouts(build_scheduler(LakeUnderOwnRun, s, tok, max_turns=8), questions(tok, 2),
                              sampling_params=PARAMS, progress=False)
     assert FrozenLakeEnv.resets == 2
     for t in res.trajectories:
@@ -708,6 +525,11 @@ def test_helpers_follow_ms_swift(tok: Any) -> None:
     assert req.messages[1]["content"] == ids + [eos]
     req.messages[1]["content"] = {"token_ids": ids}
     assert sched.append_assistant_completion(req, ", so") is True and req.messages[1]["content"] == "it is 4, so"
+    from rlcore.rollout.stream import MessagesEditError
+
+    req.messages[1]["content"] = ids + [eos]  # going on after the sampled eos would train it mid-message
+    with pytest.raises(MessagesEditError, match="holds the closing token '<\\|im_end\\|>'"):
+        sched.append_assistant_completion(req, " more")
     assert sched.append_assistant_completion(Trajectory([], messages=[{"role": "user", "content": "q"}]), "a") is False
     assert sched.engine is sched.infer_engine or sched.engine.scheduler is sched
 
@@ -733,20 +555,11 @@ async def test_base_hooks_are_awaitable_for_4x_subclasses(tok: Any) -> None:
 # --- on the real tiny model ----------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def hf_sampler(tiny_model_dir: str):
-    from rlcore.sampling.hf import HFSampler
-
-    s = HFSampler(tiny_model_dir, batch_window_ms=5, seed=0)
-    yield s
-    asyncio.run(s.close())
-
-
-async def test_on_the_tiny_model(tok: Any, hf_sampler: Any) -> None:
-    """Whatever the random tiny model says, the 4.x fixtures' trajectories are sound."""
-    s = Recording(hf_sampler)
+async def test_on_the_tiny_model(tok: Any, tiny_hf_sampler: Any) -> None:
+    """Whatever the random tiny model says, the 4.x-style schedulers' trajectories are sound."""
+    s = Recording(tiny_hf_sampler)
     params = SamplingParams(max_tokens=8, temperature=1.0, stop_token_ids=list(range(0, 1024, 7)))
-    for cls in (AskAgain, TipAfterSample, GYMScheduler, GymWithCopiedRun):
+    for cls in (AskAgain, TipAfterSample, LakeScheduler, LakeUnderOwnRun):
         sched = build_scheduler(cls, s, tok, max_turns=3)
         res = await run_rollouts(sched, questions(tok, 2), num_generations=2, sampling_params=params, progress=False)
         ok = [t for t in res.trajectories if t.status != "failed"]

@@ -87,26 +87,21 @@ class SwiftHelpers:
     def set_assistant_message_token_ids(self, infer_request: Any, token_ids: list[int]) -> None:
         """Make the latest assistant message token-backed: ``token_ids`` are its exact tokens
         (checked by the token stream before the next generation)."""
-        for m in reversed(infer_request.messages):
-            if m.get("role") == "assistant":
-                m["content"] = [int(t) for t in token_ids]
-                return
+        latest = next((m for m in reversed(infer_request.messages) if m.get("role") == "assistant"), None)
+        if latest is not None:
+            latest["content"] = [int(t) for t in token_ids]
 
     def snapshot_and_materialize_assistant_messages(self, infer_request: Any) -> list[tuple[dict[str, Any], Any]]:
         """Decode token-backed assistant messages in place for text-reading hooks; returns what
         :meth:`restore_assistant_message_snapshots` puts back."""
-        snaps: list[tuple[dict[str, Any], Any]] = []
-        for m in infer_request.messages:
-            if m.get("role") != "assistant":
-                continue
-            ids = token_backed_ids(m.get("content"))
-            if ids is None:
-                continue
-            if self.tokenizer is None:
-                raise ConfigError("a token-backed assistant message needs a tokenizer to be decoded; pass tokenizer=")
-            snaps.append((m, copy.deepcopy(m["content"])))
-            m["content"] = message_text(self.tokenizer, ids)
-        return snaps
+        backed = [(m, ids) for m, ids in _assistant_ids(infer_request.messages) if ids is not None]
+        if not backed:
+            return []
+        tok = self._decoding_tokenizer()
+        snapshots = [(m, copy.deepcopy(m["content"])) for m, _ in backed]
+        for m, ids in backed:
+            m["content"] = message_text(tok, ids)
+        return snapshots
 
     @staticmethod
     def restore_assistant_message_snapshots(snapshots: list[tuple[dict[str, Any], Any]]) -> None:
@@ -118,16 +113,30 @@ class SwiftHelpers:
         """Add ``completion`` as a new assistant message, or append it to a trailing assistant
         message (decoding it first when token-backed). Returns whether it was a continuation."""
         msgs = infer_request.messages
-        if not msgs or msgs[-1].get("role") != "assistant":
+        if not (msgs and msgs[-1].get("role") == "assistant"):
             msgs.append({"role": "assistant", "content": completion})
             return False
-        ids = token_backed_ids(msgs[-1].get("content"))
-        if ids is not None:
-            if self.tokenizer is None:
-                raise ConfigError("a token-backed assistant message needs a tokenizer to be decoded; pass tokenizer=")
-            problem = closing_inside(self.tokenizer, ids, True, "the continued assistant message")
-            if problem:
-                raise MessagesEditError(problem)
-            msgs[-1]["content"] = message_text(self.tokenizer, ids)
-        msgs[-1]["content"] = str(msgs[-1].get("content") or "") + completion
+        last = msgs[-1]
+        ids = token_backed_ids(last.get("content"))
+        text = str(last.get("content") or "") if ids is None else self._continuable_text(ids)
+        last["content"] = text + completion
         return True
+
+    def _continuable_text(self, ids: list[int]) -> str:
+        """The text of a token-backed message the model goes on writing: refused when a closing
+        token sits inside it or at its end (it would be trained mid-message)."""
+        tok = self._decoding_tokenizer()
+        problem = closing_inside(tok, ids, True, "the continued assistant message")
+        if problem:
+            raise MessagesEditError(problem)
+        return message_text(tok, ids)
+
+    def _decoding_tokenizer(self) -> Any:
+        if self.tokenizer is None:
+            raise ConfigError("a token-backed assistant message needs a tokenizer to be decoded; pass tokenizer=")
+        return self.tokenizer
+
+
+def _assistant_ids(messages: list[dict[str, Any]]) -> Any:
+    """Each assistant message with the token ids its content stands for (``None`` for text)."""
+    return ((m, token_backed_ids(m.get("content"))) for m in messages if m.get("role") == "assistant")

@@ -173,16 +173,18 @@ def remove_response(messages: Messages) -> str | None:
 
 def token_backed_ids(content: Any) -> list[int] | None:
     """The token ids a token-backed assistant ``content`` stands for, else ``None`` (plain text,
-    multimodal parts). ms-swift 4.6.0's ``get_token_backed_response_ids`` accepts the same shapes."""
+    multimodal parts). Two shapes mean ids (ms-swift 4.6.0 accepts the same): a list of ints, or a
+    dict holding one under ``token_ids`` (else ``input_ids``)."""
+    held = content
     if isinstance(content, dict):
-        ids = content.get("token_ids", content.get("input_ids"))
-    elif isinstance(content, list) and (not content or isinstance(content[0], int)):
-        ids = content
-    else:
-        return None
-    if not isinstance(ids, list) or any(not isinstance(t, int) or isinstance(t, bool) for t in ids):
-        return None
-    return [int(t) for t in ids]
+        held = content["token_ids"] if "token_ids" in content else content.get("input_ids")
+    if isinstance(held, list) and all(_is_token_id(t) for t in held):
+        return [int(t) for t in held]
+    return None
+
+
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 #: ms-swift 4.6.0's name for :func:`token_backed_ids` (``swift.template.utils``)

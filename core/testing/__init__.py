@@ -3,11 +3,12 @@
 from pathlib import Path
 from typing import Any
 
+from .checks import assert_token_exact
 from .scripted import ScriptedSampler, fake_logprob
 from ..demo import ARCHS, SIZES, build_model_dir, build_tokenizer, load_tiny, tiny_model_path
 
-__all__ = ["ARCHS", "SIZES", "ScriptedSampler", "fake_logprob", "build_model_dir", "build_tokenizer", "load_script", "load_tiny",
-           "tiny_model_path"]
+__all__ = ["ARCHS", "SIZES", "ScriptedSampler", "assert_token_exact", "fake_logprob", "build_model_dir", "build_tokenizer",
+           "load_script", "load_tiny", "tiny_model_path"]
 
 
 def load_script(path: str | Path, name: str | None = None) -> Any:

@@ -162,6 +162,18 @@ def tiny_tokenizer(tiny_model_dir: str) -> Any:
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
+@pytest.fixture(scope="module")
+def tiny_hf_sampler(tiny_model_dir: str) -> Iterator[Any]:
+    """A real ``HFSampler`` on the tiny model (seed 0), shared by one test module and closed after it."""
+    import asyncio
+
+    from rlcore.sampling.hf import HFSampler
+
+    sampler = HFSampler(tiny_model_dir, batch_window_ms=5, seed=0)
+    yield sampler
+    asyncio.run(sampler.close())
+
+
 @pytest.fixture
 def scripted_sampler(tiny_tokenizer: Any) -> Callable[..., Any]:
     """``scripted_sampler(responses, tokenizer=None, **options)``: a :class:`~rlcore.testing.ScriptedSampler`

@@ -77,10 +77,16 @@ def test_bfloat16_inputs_upcast_the_softmax() -> None:
 # --- entropy with gradient (the entropy bonus) -------------------------------------------------------
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("chunk", [1, 5, 64])
-def test_entropy_gradient_equals_full_logits_autograd(temperature: float, chunk: int) -> None:
+@pytest.mark.parametrize("rows", [128, 2])
+def test_entropy_gradient_equals_full_logits_autograd(temperature: float, chunk: int, rows: int,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """With ``entropy_grad`` the chunked entropy's gradient (alone, and mixed with the logprobs')
-    equals autograd through the full ``[N, V]`` logits, for hidden, weight and bias."""
+    equals autograd through the full ``[N, V]`` logits, for hidden, weight and bias — also when a
+    chunk's gradient is formed a few rows at a time (``ENTROPY_ROWS``)."""
+    import rlcore.algorithms.logprobs as lp_mod
     from rlcore.algorithms.logprobs import naive_entropy
+
+    monkeypatch.setattr(lp_mod, "ENTROPY_ROWS", rows)
 
     g = torch.Generator().manual_seed(3)
     N, H, V = 11, 8, 40

@@ -70,9 +70,10 @@ def worker(side: str, batch: int, tokens: int, vocab: int, hidden: int, dtype_na
         ent = ent.view(batch, tokens) if ent is not None else None
     elif side == "trl_fused_entropy_bonus":
         from trl.kernels import ChunkedLogProbFunction
+        from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE  # the vocabulary tile TRL's trainer uses
 
         lp, ent, *_ = ChunkedLogProbFunction.apply(h.reshape(-1, hidden), w, None, targets.reshape(-1), temperature,
-                                                   4096, None, 1.0, ("log_probs", "entropy"))
+                                                   _CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0, ("log_probs", "entropy"))
         logps, ent = lp.view(batch, tokens), ent.view(batch, tokens)
     else:
         from trl.trainer.utils import entropy_from_logits, selective_log_softmax

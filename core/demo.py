@@ -121,6 +121,11 @@ SIZES: dict[str, dict[str, int]] = {
 }
 
 
+#: tiny model architectures: dense qwen2/qwen3, and qwen2_moe (a Mixture-of-Experts model: 4 experts, 2 per
+#: token, a shared expert; for MoE-only paths such as the router load-balancing loss)
+ARCHS = ("qwen2", "qwen3", "qwen2_moe")
+
+
 def cache_dir() -> Path:
     root = os.environ.get("RLCORE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "rlcore")
     return Path(root)
@@ -132,8 +137,8 @@ def tiny_model_path(
     """Path of a cached tiny model directory, building it on first use. Safe against concurrent builders."""
     if size not in SIZES:
         raise ValueError(f"unknown tiny model size {size!r}; choose one of {sorted(SIZES)}")
-    if arch not in ("qwen2", "qwen3"):
-        raise ValueError(f"unknown tiny model arch {arch!r}; choose qwen2 or qwen3")
+    if arch not in ARCHS:
+        raise ValueError(f"unknown tiny model arch {arch!r}; choose one of {', '.join(ARCHS)}")
     key = hashlib.sha1(json.dumps([FORMAT_VERSION, size, arch, seed, vocab_size, SIZES[size]]).encode()).hexdigest()[:10]
     root = Path(cache) if cache is not None else cache_dir()
     target = root / f"tiny-{arch}-{size}-{key}"
@@ -174,6 +179,12 @@ def build_model_dir(path: str | os.PathLike[str], size: str = "tiny", arch: str 
         from transformers import Qwen3Config
 
         config: Any = Qwen3Config(head_dim=dims["hidden_size"] // dims["num_attention_heads"], **common)
+    elif arch == "qwen2_moe":
+        from transformers import Qwen2MoeConfig
+
+        h = dims["hidden_size"]
+        config = Qwen2MoeConfig(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=h, shared_expert_intermediate_size=h,
+                                decoder_sparse_step=1, router_aux_loss_coef=0.001, **common)
     else:
         config = Qwen2Config(**common)
     torch.manual_seed(seed)

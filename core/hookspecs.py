@@ -113,6 +113,9 @@ def on_trajectory_start(trajectories: list[Any]) -> None:
     The scheduler's method runs first, then each named observer's. Schedulers reset environments
     here and may replace each trajectory's ``messages`` (the prompt tokens follow them); they may
     mark a trajectory failed (``trajectory.fail(reason)``) instead of raising.
+
+    It runs once per trajectory: a scheduler's own call from inside ``run`` for a trajectory the
+    driver already started (ms-swift 4.x's base ``run`` makes one) is skipped.
     """
 
 

@@ -440,6 +440,55 @@ async def compute_rewards(
     return columns
 
 
+AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
+
+
+def normalize_then_sum(
+    columns: Mapping[str, Sequence[float | None]],
+    weights: Mapping[str, float],
+    groups: Sequence[str],
+    scorable: Sequence[bool] | None = None,
+) -> list[float]:
+    """GDPO's aggregate (TRL 1.16 ``multi_objective_aggregation="normalize_then_sum"``,
+    ``_generate_and_score_completions``): every reward column is normalised within each group —
+    ``(r - nanmean) / (nanstd + 1e-4)``, Bessel-corrected, unscored samples left out — and the
+    normalised columns are summed with their weights, an unscored sample adding 0. A trajectory no
+    reward scored (or one ``scorable`` marks False: a failed rollout) gets NaN, so the advantage
+    estimator leaves it out and gives it 0. Why per reward: a reward with a wide range (a length
+    bonus) no longer drowns a 0/1 one (accuracy) before the group baseline sees them.
+
+    Only the columns named in ``weights`` count (observer columns are logged, never trained on).
+    A group of one has std 0 (TRL's ``num_generations == 1`` case): its normalised rewards are 0.
+    """
+    import torch
+
+    from .algorithms.advantages import EPS, group_indices
+
+    names = [n for n in weights if n in columns]
+    n = len(groups)
+    if not names:
+        return [math.nan] * n
+    raw = torch.tensor([[math.nan if columns[k][i] is None else float(columns[k][i]) for k in names] for i in range(n)],
+                       dtype=torch.float64).view(n, len(names))
+    if scorable is not None:
+        raw[~torch.tensor(list(scorable), dtype=torch.bool)] = math.nan
+    normed = torch.full_like(raw, math.nan)
+    for idx in group_indices(groups):
+        g = raw[idx]
+        mean = torch.nanmean(g, dim=0, keepdim=True)
+        if len(idx) > 1:
+            valid = (~torch.isnan(g)).sum(0, keepdim=True)
+            var = torch.nansum((g - mean) ** 2, dim=0, keepdim=True) / (valid - 1)  # NaN/inf with < 2 valid, as TRL
+            std = var.sqrt()
+        else:
+            std = torch.zeros_like(mean)
+        normed[idx] = (g - mean) / (std + EPS)
+    w = torch.tensor([float(weights[k]) for k in names], dtype=torch.float64)
+    total = torch.nansum(normed * w, dim=1)
+    total[torch.isnan(raw).all(dim=1)] = math.nan
+    return [float(v) for v in total]
+
+
 # --- built-in rewards -------------------------------------------------------------------------------
 def env_reward(total_reward: list[float]) -> list[float]:
     """The environment's cumulative reward (sum of step rewards) of each trajectory."""

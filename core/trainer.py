@@ -39,9 +39,9 @@ from .algorithms.losses import LossConfig
 from .asyncutil import run_sync
 from .errors import ConfigError, RewardFunctionError
 from .plugins import RunHooks
-from .rewards import RewardContext, check_reward_columns, compute_rewards
+from .rewards import RewardContext, check_reward_columns, compute_rewards, normalize_then_sum
 from .chat_template import set_chat_template_kwargs
-from .loop.loss import advantage_list, batch_logprobs, batch_loss, high_entropy_mask, pack
+from .loop.loss import advantage_list, batch_logprobs, batch_loss, high_entropy_mask, pack, pad_to_multiple
 from .loop.rollout import rollout_batch
 from .loop.sync import sync_weights as sync_policy_weights
 from .training import checkpoint as ckpt
@@ -59,6 +59,8 @@ from .training.components import (
 )
 from .training.agents import environment_reward_types, environment_rewards, placeholder_rows, trl_agent_options
 from .training.config import GRPOConfig, check_values, validate_components
+from .training.data_parallel import all_sum, mean_over_ranks, weighted_mean_over_ranks, whole_batch, world
+from .training.model_options import cast_lm_head_to_fp32, router_aux
 from .training.prompts import PromptCursor, as_rows, check_columns, make_prompt
 from .training.health import RunHealth
 from .training.metrics import MetricAccumulator, append_jsonl, rollout_metrics, truncate_jsonl
@@ -123,6 +125,10 @@ class _StepCounter(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> int:
         return i
+
+
+#: losses normalised by active tokens (a batch's value is its tokens' mean); the others by sequences
+TOKEN_NORMALISED_LOSSES = ("dapo", "cispo", "vespo", "bnpo")
 
 
 class GRPOTrainer(Trainer):
@@ -194,7 +200,12 @@ class GRPOTrainer(Trainer):
         tokenizer = load_tokenizer(model, processing_class)
         set_chat_template_kwargs(tokenizer, args.chat_template_kwargs)  # every render of the policy's conversations
         model = apply_peft(load_model(model, args, quantization_config), args, peft_config)
+        self.router_aux = router_aux(model, args.router_aux_loss_coef)  # MoE load-balancing loss (TRL's rule)
+        if args.cast_lm_head_to_fp32:  # the policy's head, and so the copy the reference model starts from
+            cast_lm_head_to_fp32(model)
         self.ref_model = reference_model(model, args)
+        if args.cast_lm_head_to_fp32 and self.ref_model is not None:
+            cast_lm_head_to_fp32(self.ref_model)
         self.reward_objects, self.reward_weights = make_rewards(args, extra, reward_processing_classes,
                                                                      allow_none=env_rewards > 0)
         if self.agent.rollout_func is None:  # a rollout_func's extra keys become columns only at run time
@@ -255,6 +266,12 @@ class GRPOTrainer(Trainer):
             self.add_callback(self.progress_callback)
         else:
             self.progress_callback = None
+
+    @property
+    def _pad_multiple(self) -> int | None:
+        """TRL's ``pad_to_multiple_of``; ``"auto"`` pads only on Neuron in TRL, where rlcore does not run."""
+        p = self.args.pad_to_multiple_of
+        return None if p in (None, "auto") else int(p)
 
     # --- the Trainer's data: micro-step counters -----------------------------------------------------
     @property
@@ -357,17 +374,28 @@ class GRPOTrainer(Trainer):
             for r in self.reward_objects if hasattr(r, "timeouts")
         })
         self._check_reward_failures(len(trajs))
-        rewards = torch.tensor([
-            math.nan if (t.reward is None or t.status == "failed") else float(t.reward) for t in trajs
-        ], dtype=torch.float32)
-        groups = [t.group_id for t in trajs]
+        # data-parallel: the estimator sees every rank's batch (batch statistics as one process would
+        # compute them); this rank keeps its slice. One process: the batch is this one.
+        self.whole_batch = whole = whole_batch(trajs, columns)
+        groups = [t.group_id for t in whole.trajectories]
+        if self.args.multi_objective_aggregation == "normalize_then_sum":  # GDPO: each reward normalised per group first
+            rewards = torch.tensor(normalize_then_sum(whole.columns, self.reward_weights, groups,
+                                                      scorable=[t.status != "failed" for t in whole.trajectories]),
+                                   dtype=torch.float32)
+        else:
+            rewards = torch.tensor([
+                math.nan if (t.reward is None or t.status == "failed") else float(t.reward) for t in whole.trajectories
+            ], dtype=torch.float32)
         adv = run_sync(RunHooks(self.advantage, observers=False).call_first(
-            "compute_advantage", rewards=rewards, groups=groups, trajectories=trajs, config=self.args))
+            "compute_advantage", rewards=rewards, groups=groups, trajectories=whole.trajectories, config=self.args))
         if adv is None:
             raise ConfigError(f"advantage estimator {self.args.advantage!r} returned nothing")
         stats = getattr(self.advantage, "stats", None)
         if not isinstance(stats, AdvantageStats):
             stats = AdvantageStats(groups=len(group_indices(groups)))
+        self.whole_advantages = advantage_list(adv)
+        if len(whole.trajectories) != len(trajs):
+            adv = whole.local(self.whole_advantages)
         return adv, columns, stats
 
     def _check_reward_failures(self, n: int) -> None:
@@ -409,35 +437,40 @@ class GRPOTrainer(Trainer):
         # failed (and, if asked, truncated) trajectories do not train
         batch = pack(trajs, adv_list, self.pad_token_id, mask_truncated=self.args.mask_truncated_completions,
                      device=self.args.device)
+        batch = pad_to_multiple(batch, self._pad_multiple, self.pad_token_id)
         self._attach_logps(batch)
-        self._gen_metrics = rollout_metrics(trajs, columns, stats.zero_std_frac)
+        whole = self.whole_batch  # every rank's batch: metrics and the health verdict speak for the run
+        self._gen_metrics = rollout_metrics(whole.trajectories, whole.columns, stats.zero_std_frac)
         self._gen_metrics.update(getattr(self, "_reward_errors", {}))
         self._gen_metrics["invariant_violations"] = float(getattr(self, "_invariant_failures", 0))
         self._gen_metrics["invariant_check_time"] = float(getattr(self, "_invariant_check_s", 0.0))
-        self.health.check(trajs)  # raises RunFailedError on a dead run
+        self.health.check(whole.trajectories)  # raises RunFailedError on a dead run (on every rank alike)
         for name, values in self._pending_reward_metrics.items():
             self._gen_metrics[name] = sum(values) / len(values) if values else float("nan")
         self._pending_reward_metrics = {}
         self.completion_extras = self._pending_reward_extras
         self._pending_reward_extras = {}
         if self.args.log_completions:
-            self._log_completions(trajs, adv_list)
+            self._log_completions(whole.trajectories, self.whole_advantages, extras_from=whole.start)
         scheduler_metrics = getattr(self.scheduler_obj, "metrics", None)
         if callable(scheduler_metrics):  # e.g. openenv/* client counters (retries, timeouts, sessions)
             self._gen_metrics.update({k: float(v) for k, v in scheduler_metrics().items()})
         self._rollout_time += time.perf_counter() - t0
         self._gen_metrics["rollout_only_time"] = t_rollout
         self._sampled_tokens += self._gen_metrics["sampled_tokens"]
-        if self.model.training:  # TRL's num_tokens: prompt + completion tokens seen so far
-            seen = sum(len(t.prompt_ids) + len(t.completion_ids) for t in trajs)
+        if self.model.training:  # TRL's num_tokens: prompt + completion tokens seen so far (all ranks)
+            seen = sum(len(t.prompt_ids) + len(t.completion_ids) for t in whole.trajectories)
             self.state.num_input_tokens_seen = int(getattr(self.state, "num_input_tokens_seen", 0) or 0) + seen
         self._gen_metrics["num_tokens"] = float(self.state.num_input_tokens_seen)
         self._generations += 1
         return self._micro_batches(batch)
 
-    def _log_completions(self, trajs: list[Trajectory], advantages: list[Any], prefix: str = "") -> None:
+    def _log_completions(self, trajs: list[Trajectory], advantages: list[Any], prefix: str = "",
+                         extras_from: int = 0) -> None:
         """TRL's ``log_completions``: every prompt, completion, reward column and advantage of this
-        generation appended to OUTPUT_DIR/completions.jsonl; ``num_completions_to_print`` printed."""
+        generation appended to OUTPUT_DIR/completions.jsonl; ``num_completions_to_print`` printed.
+        ``trajs`` may be every rank's batch; the reward functions' ``log_extra`` columns are this
+        rank's, starting at ``extras_from``."""
         from .rewards import reward_inputs, trl_reward_inputs
 
         view = trl_reward_inputs(reward_inputs(trajs))
@@ -450,9 +483,12 @@ class GRPOTrainer(Trainer):
                                    "advantage": adv if not isinstance(adv, list) else (adv[0] if adv else None),
                                    "status": t.status}
             for column, values in self.completion_extras.items():
-                if i < len(values):
-                    rec[column] = values[i]
+                if 0 <= i - extras_from < len(values):
+                    rec[column] = values[i - extras_from]
             records.append(rec)
+        if self.args.log_unique_prompts:  # TRL: the logged table keeps the first completion of each distinct prompt
+            seen: set[str] = set()
+            records = [r for r in records if not (str(r["prompt"]) in seen or seen.add(str(r["prompt"])))]
         if self.args.should_save:
             os.makedirs(self.args.output_dir, exist_ok=True)
             with open(os.path.join(self.args.output_dir, "completions.jsonl"), "a", encoding="utf-8") as f:
@@ -506,11 +542,13 @@ class GRPOTrainer(Trainer):
             chunk = rows[start: start + per_batch][int(a.process_index):: max(1, int(a.world_size))]
             prompts = [make_prompt(r, self.processing_class, has_prompt, self.prompt_column, a.max_prompt_length,
                                    self.system_prompt) for r in chunk]
-            if not prompts:
+            if not prompts and world()[1] == 1:
                 continue
-            trajs = self.rollout(prompts, num_generations=n_gen) if n_gen != a.num_generations else self.rollout(prompts)
+            # data-parallel: a rank whose share of the last chunk is empty still joins the gathers
+            trajs = (self.rollout(prompts, num_generations=n_gen) if n_gen != a.num_generations
+                     else self.rollout(prompts)) if prompts else []
             adv, columns, stats = self._score(trajs)
-            metrics = rollout_metrics(trajs, columns, stats.zero_std_frac)
+            metrics = rollout_metrics(self.whole_batch.trajectories, self.whole_batch.columns, stats.zero_std_frac)
             metrics.update(self._reward_errors)
             for k, v in self._pending_reward_metrics.items():
                 metrics[k] = sum(v) / len(v) if v else float("nan")
@@ -519,11 +557,22 @@ class GRPOTrainer(Trainer):
             if a.log_completions:
                 self._log_completions(trajs, adv_list, prefix)
             self._pending_reward_extras = {}
-            batch = pack(trajs, adv_list, self.pad_token_id, device=a.device)
-            with torch.no_grad():
-                metrics["loss"] = float(self.compute_loss(self.model, {"batch": batch,
-                                                                       "num_items": float(batch.completion_mask.sum())}))
-            metrics.update(self._train_metrics.pop())  # entropy, clip ratios … of the eval forward pass
+            forward: dict[str, float] = {}
+            weights: dict[str, float] = {}
+            if trajs:
+                batch = pad_to_multiple(pack(trajs, adv_list, self.pad_token_id, device=a.device), self._pad_multiple,
+                                        self.pad_token_id)
+                tokens = float(batch.completion_mask.sum())
+                with torch.no_grad():
+                    forward["loss"] = float(self.compute_loss(self.model, {"batch": batch, "num_items": tokens}))
+                forward.update(self._train_metrics.pop())  # entropy, clip ratios … of the eval forward pass
+                # data-parallel: ranks combine into the whole batch's value, weighted by what each
+                # value is a mean over (token-normalised losses: tokens; per-sequence ones: sequences)
+                sequences = float(batch.completion_mask.shape[0])  # per-sequence losses average over every row
+                weights = {k: tokens for k in forward}
+                if a.loss_type not in TOKEN_NORMALISED_LOSSES:
+                    weights["loss"] = sequences
+            metrics.update(weighted_mean_over_ranks(forward, weights))
             metrics["num_tokens"] = float(self.state.num_input_tokens_seen)
             for k, v in metrics.items():
                 if v is None or (isinstance(v, float) and math.isnan(v)):
@@ -565,7 +614,10 @@ class GRPOTrainer(Trainer):
         spg = int(a.steps_per_generation)
         out: list[dict[str, Any]] = []
         gen = torch.Generator().manual_seed(int(a.seed) * 7919 + self._generations)
-        num_items = float(batch.completion_mask.sum().cpu()) / spg
+        # data-parallel: the whole batch's active tokens over the ranks (gradient averaging divides
+        # by the ranks again), so every rank's loss has one process's normaliser (TRL's)
+        ranks = world()[1]
+        num_items = all_sum(float(batch.completion_mask.sum().cpu())) / ranks / spg
         for _ in range(a.num_iterations):
             order = torch.randperm(batch.size, generator=gen)
             for c in torch.tensor_split(order, spg):
@@ -582,6 +634,7 @@ class GRPOTrainer(Trainer):
             temperature=self.args.temperature, chunk_size=self.args.logprob_chunk_size,
             top_entropy_quantile=self.args.top_entropy_quantile, use_sampler_logps=bool(self.args.is_correction),
             entropy_bonus=self.entropy_bonus,
+            router_aux=self.router_aux,
         )
         self._entropy_boundary()
         if not metrics:  # nothing to train on in this micro-batch
@@ -610,7 +663,7 @@ class GRPOTrainer(Trainer):
             else:
                 steps = max(1, self.state.global_step - self._last_logged_step)
                 elapsed = now - self._last_log_time
-            train = self._train_metrics.pop()
+            train = mean_over_ranks(self._train_metrics.pop())  # data-parallel: the run's, not one rank's
             rollout_time = self._rollout_time
             record: dict[str, Any] = {"step": self.state.global_step}
             record.update(self._gen_metrics)

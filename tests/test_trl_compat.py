@@ -189,7 +189,8 @@ def test_generation_batches_match_trl(tmp_path: Any, over: dict[str, Any]) -> No
 
 # --- 5. metric keys: every key TRL logs, rlcore logs too --------------------------------------------
 @pytest.mark.parametrize("over", [dict(), dict(beta=0.04), dict(loss_type="cispo"), dict(loss_type="luspo", importance_sampling_level="sequence"),
-                                  dict(loss_type="vespo"), dict(loss_type="grpo", scale_rewards=False), dict(scale_rewards=True, loss_type="bnpo")])
+                                  dict(loss_type="vespo"), dict(loss_type="grpo", scale_rewards=False), dict(scale_rewards=True, loss_type="bnpo"),
+                                  dict(multi_objective_aggregation="normalize_then_sum", off_policy_mask_threshold=0.5, pad_to_multiple_of=16)])
 def test_rlcore_logs_every_key_trl_logs(tmp_path: Any, over: dict[str, Any]) -> None:
     res = both(tmp_path, lambda: (Recorder(), standard_rows()), **over)
     trl_keys = set().union(*(h.keys() for h in res["trl"][2]))
@@ -326,6 +327,24 @@ def test_every_trl_config_field_is_accepted_or_refused(f: Any, tmp_path: Any) ->
             warnings.simplefilter("ignore", FutureWarning)
             cfg = rlcore.GRPOConfig(**{**base, f.name: value})
         assert getattr(cfg, f.name) is not None
+
+
+#: TRL options rlcore implements with TRL's meaning (tests/test_trl_objectives.py runs each against TRL)
+IMPLEMENTED = ("multi_objective_aggregation", "off_policy_mask_threshold", "cast_lm_head_to_fp32", "router_aux_loss_coef",
+               "pad_to_multiple_of", "log_unique_prompts", "vllm_model_impl")
+
+
+@pytest.mark.parametrize("name", IMPLEMENTED)
+def test_implemented_trl_options_are_taken_not_refused(name: str, tmp_path: Any) -> None:
+    import dataclasses
+
+    from rlcore.training.trl_fields import REFUSED
+
+    assert name not in REFUSED
+    default = {f.name: f.default for f in dataclasses.fields(trl.GRPOConfig)}[name]
+    value = _non_default(name, default)
+    cfg = rlcore.GRPOConfig(output_dir=str(tmp_path), use_cpu=True, **{name: value})
+    assert getattr(cfg, name) == value  # kept as given, for the trainer to act on
 
 
 def test_trl_options_map_onto_rlcore(tmp_path: Any) -> None:

@@ -101,6 +101,18 @@ def grpo_advantages(rewards: Any, groups: Sequence[str], scale_rewards: str = "g
     return torch.nan_to_num(adv, nan=0.0).to(torch.float32), stats
 
 
+def batch_whitened_advantages(rewards: Any) -> tuple[torch.Tensor, AdvantageStats]:
+    """GRPO's advantage under GDPO (``multi_objective_aggregation="normalize_then_sum"``): the
+    aggregate, already normalised per reward within each group, minus its batch mean, divided by its
+    batch std + 1e-4 (TRL 1.16 ``_generate_and_score_completions``). ``zero_std_frac`` is TRL's
+    ``frac_reward_zero_std`` there: 1 when the batch std is 0, else 0."""
+    r = _as_tensor(rewards)
+    std = _nanstd(r)
+    adv = torch.zeros_like(r) if math.isnan(std) else (r - torch.nanmean(r)) / (std + EPS)  # < 2 scored: no signal
+    flat = not math.isnan(std) and abs(std) <= 1e-8
+    return torch.nan_to_num(adv, nan=0.0).to(torch.float32), AdvantageStats(groups=1, zero_std_groups=int(flat))
+
+
 def rloo_advantages(rewards: Any, groups: Sequence[str]) -> tuple[torch.Tensor, AdvantageStats]:
     """RLOO: each sample's reward minus the mean of the *other* valid samples of its group."""
     r = _as_tensor(rewards)
@@ -262,6 +274,10 @@ class GRPOAdvantage(_Estimator):
             scale = "group"
         elif scale is False:
             scale = "none"
+        if getattr(config, "multi_objective_aggregation", None) == "normalize_then_sum":
+            # the rewards are GDPO aggregates (rlcore.rewards.normalize_then_sum): TRL whitens them batch-wide
+            adv, self.stats = batch_whitened_advantages(rewards)
+            return adv
         adv, self.stats = grpo_advantages(rewards, groups, str(scale))
         return adv
 

@@ -17,11 +17,14 @@ in backward, nothing when off.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
 
 DEFAULT_CHUNK = 1024
+#: set on an lm_head cast to float32 (``cast_lm_head_to_fp32``): its logits are computed in float32
+FP32_HEAD = "rlcore_fp32_head"
 
 
 def _upcast(x: torch.Tensor) -> torch.Tensor:
@@ -160,32 +163,39 @@ def completion_logprobs(
     temperature: float = 1.0,
     chunk_size: int = DEFAULT_CHUNK,
     entropy: bool = False,
+    router_logits: list[Any] | None = None,
     entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token logprobs ``[B, T]`` of ``input_ids`` under ``model`` where ``completion_mask`` is 1
     (0 elsewhere), aligned so position ``t`` scores token ``input_ids[:, t]`` — the layout of
     :class:`rlcore.Batch`. Runs the decoder body once, then only the selected positions go through
     the ``lm_head``, in chunks. ``entropy``: also the per-token entropy ``[B, T]`` (with gradient
-    when ``entropy_grad``, for an entropy bonus; detached otherwise)."""
+    when ``entropy_grad``, for an entropy bonus; detached otherwise). ``router_logits``, a list,
+    receives an MoE model's router logits of this forward (for its load-balancing loss)."""
     body, head = _split_model(model)
+    extra = {"output_router_logits": True} if router_logits is not None else {}
     if is_data_parallel(model):
         # DDP all-reduces gradients only for forwards that go through its wrapper. Ask the full model
         # for the final hidden states and a single position of logits (not [B, T, V]).
         out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
-                    logits_to_keep=1, output_hidden_states=True)
+                    logits_to_keep=1, output_hidden_states=True, **extra)
         hidden = out.hidden_states[-1]
     else:
-        out = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        out = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **extra)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    if router_logits is not None:
+        router_logits.append(out.router_logits)
     B, T = input_ids.shape
     sel = torch.zeros_like(completion_mask, dtype=torch.bool)
     sel[:, 1:] = completion_mask[:, 1:] > 0  # token t is predicted by the hidden state at t-1
     rows, cols = sel.nonzero(as_tuple=True)
     h = hidden[rows, cols - 1]
     targets = input_ids[rows, cols]
-    lp, ent = selective_logprobs(h, head.weight, targets, bias=getattr(head, "bias", None),
-                                 temperature=temperature, chunk_size=chunk_size, entropy=entropy,
-                                 entropy_grad=entropy_grad)
+    fp32 = bool(getattr(head, FP32_HEAD, False))  # cast_lm_head_to_fp32: float32 logits, outside autocast (TRL)
+    with torch.autocast(h.device.type, enabled=False) if fp32 else contextlib.nullcontext():
+        lp, ent = selective_logprobs(h.float() if fp32 else h, head.weight, targets, bias=getattr(head, "bias", None),
+                                     temperature=temperature, chunk_size=chunk_size, entropy=entropy,
+                                     entropy_grad=entropy_grad)
     logps = torch.zeros((B, T), dtype=lp.dtype, device=input_ids.device)
     logps = logps.index_put((rows, cols), lp)
     ent_full = None

@@ -78,6 +78,7 @@ class LossConfig:
     num_items: float | None = None
     importance_sampling_level: str = "token"
     use_bias_correction_kl: bool = True
+    off_policy_mask_threshold: float | None = None
     options: dict[str, Any] = attrs.field(factory=dict)
 
     def __init__(self, options: Mapping[str, Any] | None = None, **values: Any) -> None:
@@ -204,6 +205,11 @@ def _policy_loss(
         metrics["clip_ratio/high_max"] = _seq_extreme(high, mask, max)
     per_token = per_token.expand_as(mask) if per_token.shape != mask.shape else per_token
 
+    if cfg.off_policy_mask_threshold is not None:
+        keep = off_policy_mask(adv, logps, sampler_logps, old, mask, cfg.off_policy_mask_threshold, is_valid)
+        per_token = per_token * keep
+        metrics["off_policy_mask/dropped_frac"] = _masked_mean((1.0 - keep).expand_as(mask), mask)  # share of trained tokens
+
     if cfg.is_correction and sampler_logps is not None:
         weights, is_stats = importance_weights(
             old, sampler_logps, mask, mode=cfg.is_correction, threshold=cfg.is_threshold,
@@ -237,6 +243,31 @@ def _policy_loss(
     metrics["clip_ratio/region"] = metrics["clip_ratio/low"] + metrics["clip_ratio/high"]
     metrics["policy_loss"] = float(loss.detach())
     return loss, metrics
+
+
+@torch.no_grad()
+def off_policy_mask(adv: torch.Tensor, logps: torch.Tensor, sampler_logps: torch.Tensor | None, old_logps: torch.Tensor,
+                    mask: torch.Tensor, threshold: float, is_valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Off-policy sequence mask ``[B, 1]`` (``[B, T]`` for step-level advantages) (DeepSeek-V3.2 eq. 9; TRL 1.16 ``GRPOTrainer.get_off_policy_mask``):
+    keep a trajectory when its advantage is >= 0 or when the mean over its trained tokens of
+    ``log pi_sampler - log pi_current`` is <= ``threshold``; drop it (0) otherwise.
+
+    Why the sampler's logprobs: they measure both drifts — the policy moving since the rollout and
+    the sampler computing another distribution than the trainer (vLLM, a quantised copy). TRL uses
+    them when its generator reports them and the old policy's otherwise; rlcore's samplers always
+    report them, so a row falls back to ``old_logps`` (the rollout-time policy, or the current one on
+    policy) only where its sampler logprobs are incomplete (``is_valid`` False). Gradients never flow
+    through the mask. Unlike ``is_correction='sequence_mask'`` (which drops a trajectory whose
+    sampler/trainer *ratio at rollout time* leaves a band, whatever its advantage), this compares with
+    the *current* policy and drops only negative-advantage trajectories.
+    """
+    mask = mask.to(logps.dtype)
+    ref = old_logps if sampler_logps is None else sampler_logps.to(logps.dtype)
+    if sampler_logps is not None and is_valid is not None:
+        ref = torch.where(is_valid.to(torch.bool).view(-1, 1), ref, old_logps)
+    kl = torch.nan_to_num(ref - logps.detach(), nan=0.0)
+    seq_kl = (kl * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)
+    return ((adv >= 0) | (seq_kl <= threshold)).to(logps.dtype)  # step-level [B, T] advantages: per token, as TRL
 
 
 def _seq_extreme(x: torch.Tensor, mask: torch.Tensor, pick: Any) -> float:

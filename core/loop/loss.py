@@ -52,6 +52,30 @@ def pack(trajectories: Sequence[Trajectory], advantages: Any, pad_token_id: int,
     return batch.to(device) if device is not None else batch
 
 
+def pad_to_multiple(batch: Batch, multiple: int | None, pad_token_id: int) -> Batch:
+    """``batch`` with its sequence length padded on the right to a multiple of ``multiple`` (TRL's
+    ``pad_to_multiple_of``: fixed shapes for compilers such as Neuron's). The new positions are
+    padding in every tensor (attention and completion masks 0), and the model is causal, so no
+    logprob, advantage or loss of a real token changes."""
+    T = int(batch.input_ids.shape[1])
+    if not multiple or multiple <= 1 or T % multiple == 0:
+        return batch
+    extra = multiple - T % multiple
+
+    def grow(x: Any, value: float) -> Any:
+        if x is None or x.dim() < 2:
+            return x
+        return torch.nn.functional.pad(x, (0, extra), value=value)
+
+    out = grow(batch.input_ids, pad_token_id)
+    import attrs
+
+    return attrs.evolve(batch, input_ids=out, attention_mask=grow(batch.attention_mask, 0),
+                        completion_mask=grow(batch.completion_mask, 0.0), advantages=grow(batch.advantages, 0.0),
+                        sampler_logps=grow(batch.sampler_logps, 0.0), old_logps=grow(batch.old_logps, 0.0),
+                        ref_logps=grow(batch.ref_logps, 0.0))
+
+
 @torch.no_grad()
 def batch_logprobs(model: Any, batch: Batch, *, temperature: float = 1.0, chunk_size: int = 1024,
                    rows_per_pass: int | None = None) -> torch.Tensor:
@@ -69,8 +93,8 @@ def batch_logprobs(model: Any, batch: Batch, *, temperature: float = 1.0, chunk_
 
 def batch_loss(model: Any, batch: Batch, loss_fn: Any, config: Any, *, temperature: float = 1.0,
                chunk_size: int = 1024, top_entropy_quantile: float = 1.0,
-               use_sampler_logps: bool = False,
-               entropy_bonus: EntropyBonus | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+               use_sampler_logps: bool = False, entropy_bonus: EntropyBonus | None = None,
+               router_aux: Any = None) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss plugin on ``batch`` under ``model`` (with gradient) and its metrics.
 
     ``config`` is a :class:`~rlcore.algorithms.losses.LossConfig`. A batch with no trainable token
@@ -83,6 +107,8 @@ def batch_loss(model: Any, batch: Batch, loss_fn: Any, config: Any, *, temperatu
     trained tokens, with the entropy's gradient (kept only then); in train mode it also adds the
     micro-batch to the adaptive controller's window — the caller steps the controller at the
     optimizer-step boundary. ``policy_loss`` stays the loss plugin's value.
+    ``router_aux`` (:class:`~rlcore.training.model_options.RouterAux`) adds an MoE model's
+    load-balancing loss of this forward times its coefficient (TRL's ``router_aux_loss_coef``).
     """
     if batch.size == 0 or float(batch.completion_mask.sum()) == 0:
         device = batch.input_ids.device if batch.size else next(model.parameters()).device
@@ -91,9 +117,10 @@ def batch_loss(model: Any, batch: Batch, loss_fn: Any, config: Any, *, temperatu
             entropy_bonus.observe(torch.zeros((), device=device), torch.zeros((), device=device))
         return zero, {}
     coef = entropy_bonus.applied_coef if entropy_bonus is not None else 0.0
+    router_logits: list[Any] | None = [] if router_aux is not None else None
     logps, entropy = completion_logprobs(
         model, batch.input_ids, batch.attention_mask, batch.completion_mask,
-        temperature=temperature, chunk_size=chunk_size, entropy=True,
+        temperature=temperature, chunk_size=chunk_size, entropy=True, router_logits=router_logits,
         entropy_grad=coef != 0.0 and torch.is_grad_enabled(),
     )
     loss_mask = batch.completion_mask
@@ -101,7 +128,8 @@ def batch_loss(model: Any, batch: Batch, loss_fn: Any, config: Any, *, temperatu
         loss_mask = loss_mask * high_entropy_mask(entropy.detach(), loss_mask, 1.0 - top_entropy_quantile)
     loss, metrics = loss_fn(
         logps, batch.old_logps, batch.advantages, loss_mask,
-        ref_logps=batch.ref_logps, sampler_logps=batch.sampler_logps if use_sampler_logps else None,
+        ref_logps=batch.ref_logps,
+        sampler_logps=batch.sampler_logps if use_sampler_logps or getattr(config, "off_policy_mask_threshold", None) is not None else None,
         is_valid=batch.is_valid, config=config,
     )
     if entropy_bonus is not None:
@@ -113,4 +141,8 @@ def batch_loss(model: Any, batch: Batch, loss_fn: Any, config: Any, *, temperatu
     mask = batch.completion_mask
     metrics = dict(metrics)
     metrics["entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1.0))
+    if router_aux is not None and router_logits:
+        aux = router_aux.loss(router_logits[0], batch.attention_mask)
+        loss = loss + router_aux.coef * aux
+        metrics["aux_loss"] = float(aux.detach())
     return loss, metrics

@@ -51,6 +51,9 @@ class Policy:
             entropy_target: TRL's entropy bonus, as in GRPOConfig (:mod:`rlcore.algorithms.entropy`);
             :meth:`clip_grad_and_step` is the optimizer-step boundary where the adaptive
             coefficient moves.
+        cast_lm_head_to_fp32, router_aux_loss_coef: as in GRPOConfig (TRL 1.16's): a float32
+            lm_head (and reference head) with float32 logits; an MoE model's load-balancing loss
+            weight (``None``: the model config's own, 0: off), logged as ``aux_loss``.
         remote_group: the device group to build it on (see :func:`rlcore.distributed.initialize`).
         reference: ``"auto"`` keeps a frozen copy for the KL term when ``beta`` > 0 (LoRA: the base
             model with adapters off), a module to use as the reference, or ``None``.
@@ -98,6 +101,8 @@ class Policy:
         entropy_coef_max: float = 1.0,
         entropy_coef_delta: float = 0.005,
         entropy_target: float = 0.2,
+        cast_lm_head_to_fp32: bool = False,
+        router_aux_loss_coef: float | None = None,
         reference: Any = "auto",
         device: Any = None,
         disable_dropout: bool = True,
@@ -136,7 +141,14 @@ class Policy:
         self.entropy_bonus = EntropyBonus.from_args(types.SimpleNamespace(
             entropy_coef=entropy_coef, use_adaptive_entropy=use_adaptive_entropy, entropy_coef_min=entropy_coef_min,
             entropy_coef_max=entropy_coef_max, entropy_coef_delta=entropy_coef_delta, entropy_target=entropy_target))
+        from ..training.model_options import cast_lm_head_to_fp32 as _fp32_head, router_aux
+
+        self.router_aux = router_aux(model, router_aux_loss_coef)
+        if cast_lm_head_to_fp32:
+            _fp32_head(model)
         self.ref_model = self._reference(reference)
+        if cast_lm_head_to_fp32 and self.ref_model is not None:
+            _fp32_head(self.ref_model)
         self.optimizer = _adamw(model, learning_rate, weight_decay, (adam_beta1, adam_beta2), adam_epsilon)
         from transformers import get_scheduler
 
@@ -192,7 +204,7 @@ class Policy:
             self.model, batch, self.loss_fn, self.loss_config(num_items), temperature=self.temperature,
             chunk_size=self.logprob_chunk_size, top_entropy_quantile=self.top_entropy_quantile,
             use_sampler_logps=bool(self.loss_options.get("is_correction")),
-            entropy_bonus=self.entropy_bonus,
+            entropy_bonus=self.entropy_bonus, router_aux=self.router_aux,
         )
         (loss * loss_scale).backward()
         out = {"loss": float(loss.detach()), **metrics}

@@ -14,7 +14,16 @@ from .scheduler import (
     build_scheduler,
     merge_turn_results,
 )
-from .swift_api import ChatCompletionResponse, Messages, ResponseChoice, RolloutOutput
+from .swift_api import (
+    ChatCompletionResponse,
+    Messages,
+    ResponseChoice,
+    RolloutOutput,
+    extract_logprobs_from_choice,
+    get_token_backed_response_ids,
+    invoke_async_hook,
+    remove_response,
+)
 from .stream import INLINE_ROLE, MessagesEditError, TokenStream
 from ..chat_template import ChatTemplateError, encode_observation, encode_prompt, render, template_delta
 from .tools import EnvTool, ToolCall, ToolManager, ToolScheduler, parse_tool_calls
@@ -45,6 +54,10 @@ __all__ = [
     "build_scheduler",
     "encode_observation",
     "encode_prompt",
+    "extract_logprobs_from_choice",
+    "get_token_backed_response_ids",
+    "invoke_async_hook",
+    "remove_response",
     "make_trajectories",
     "merge_turn_results",
     "parse_tool_calls",

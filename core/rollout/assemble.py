@@ -23,6 +23,7 @@ from ..errors import RlcoreError
 from ..types import Completion, Trajectory, Turn
 from .. import chat_template as tk
 from .swift_api import RolloutOutput
+from .token_backed import materialize_messages
 
 _SENTINEL = "\u2063RLCORE-MSG-{}\u2063"
 
@@ -43,7 +44,7 @@ def output_to_trajectory(
     tools: list[dict[str, Any]] | None = None,
 ) -> Trajectory:
     """The trajectory ``out`` describes; ``samples`` are this request's sampler calls, in order."""
-    messages = _final_messages(request, out)
+    messages = _final_messages(request, out, tokenizer)
     special = set(getattr(tokenizer, "all_special_ids", []) or [])
     asst = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
     rounds = out.response_token_ids
@@ -95,7 +96,7 @@ def output_to_trajectory(
     return traj
 
 
-def _final_messages(request: Trajectory, out: RolloutOutput) -> list[dict[str, Any]]:
+def _final_messages(request: Trajectory, out: RolloutOutput, tokenizer: Any = None) -> list[dict[str, Any]]:
     if out.messages is not None:
         msgs = copy.deepcopy(list(out.messages))
     else:
@@ -109,6 +110,7 @@ def _final_messages(request: Trajectory, out: RolloutOutput) -> list[dict[str, A
             raise RolloutOutputError(f"RolloutOutput.messages holds {type(m).__name__} {m!r:.60}; each message must be a dict with 'role' and 'content'")
     while msgs and msgs[-1].get("role") == "assistant" and msgs[-1].get("content") is None:
         msgs.pop()  # ms-swift's dummy "continue this message" entry
+    materialize_messages(tokenizer, msgs)  # ms-swift 4.x token-backed history: its text
     return msgs
 
 

@@ -24,8 +24,9 @@ from ..types import Prompt, SamplingParams, Trajectory
 from .assemble import output_to_trajectory
 from .invariants import check_trajectory, fail_violations
 from .progress import RolloutProgress
-from .scheduler import SAMPLES, RolloutScheduler, accepts_request_config, scheduler_label
+from .scheduler import SAMPLES, STARTED, RolloutScheduler, accepts_request_config, scheduler_label
 from .swift_api import RolloutOutput
+from .token_backed import materialize_messages
 
 
 @attrs.define
@@ -113,6 +114,7 @@ async def _run_one(scheduler: RolloutScheduler, traj: Trajectory, timeout: float
     out: Any = traj
     samples: list[Any] = []
     SAMPLES.set(samples)
+    STARTED.set(frozenset({traj.uuid}))  # the driver ran on_trajectory_start for the batch
     who = scheduler_label(scheduler)
     try:
         if traj.status == "running":  # on_trajectory_start may have failed it already
@@ -129,7 +131,8 @@ async def _run_one(scheduler: RolloutScheduler, traj: Trajectory, timeout: float
         traj.fail("cancelled")
         raise
     except Exception as exc:  # noqa: BLE001 - one bad trajectory never takes the batch down
-        turn = f" turn {traj.num_turns}" if traj.num_turns else ""
+        n = traj.num_turns or len(samples)  # an overridden run samples through infer_engine without counting turns
+        turn = f" turn {n}" if n else ""
         traj.fail(f"{who}{turn}: {_one_line(exc)}")
         out = traj
     finally:
@@ -146,6 +149,10 @@ async def _run_one(scheduler: RolloutScheduler, traj: Trajectory, timeout: float
         traj.fail(f"{who} returned an output rlcore cannot train on: {_one_line(exc)}")
         trajs = [traj]
     for t in trajs:
+        try:  # ms-swift 4.x token-backed assistant messages become their text
+            materialize_messages(getattr(scheduler, "tokenizer", None), t.messages)
+        except Exception as exc:  # noqa: BLE001
+            t.fail(f"{who}: {_one_line(exc)}")
         finalize(t)
         if check and t.status != "failed":
             tok = getattr(scheduler, "tokenizer", None)
@@ -168,7 +175,14 @@ def normalize_run_output(request: Trajectory, out: Any, samples: list[Any] | Non
             trajs.append(item)
         elif isinstance(item, RolloutOutput):
             tok = getattr(scheduler, "tokenizer", None)
-            trajs.append(output_to_trajectory(request, item, samples or [], tok, tools=template_tools(scheduler)))
+            try:
+                trajs.append(output_to_trajectory(request, item, samples or [], tok, tools=template_tools(scheduler)))
+            except Exception as exc:  # noqa: BLE001 - one bad output of several fails only its own trajectory
+                if len(items) == 1 or not all(isinstance(i, RolloutOutput) for i in items):
+                    raise
+                bad = attrs.evolve(request, turns=[], infos=dict(request.infos), messages=list(request.messages))
+                bad.fail(f"{scheduler_label(scheduler)} returned an output rlcore cannot train on: {_one_line(exc)}")
+                trajs.append(bad)
         else:
             raise TypeError(f"run returned {type(item).__name__}; return a Trajectory, a list of them, or RolloutOutput")
     seen: set[str] = set()
@@ -213,6 +227,10 @@ def finalize(t: Trajectory) -> None:
     if not t.num_turns:
         t.num_turns = sum(1 for turn in t.turns if turn.role == "assistant")
     t.infos["num_turns"] = t.num_turns  # ms-swift's rollout_infos key; always the final count
+    step_rewards = t.infos.get("step_rewards")  # ms-swift's rollout_infos key (its GYMScheduler's on_turn_end)
+    if not t.step_rewards and isinstance(step_rewards, list) and step_rewards and all(
+            isinstance(r, (int, float)) and not isinstance(r, bool) for r in step_rewards):
+        t.step_rewards = [float(r) for r in step_rewards]
     t.infos["logprobs_complete"] = t.logprobs_complete
     t.infos.setdefault("prompt_messages", _prompt_messages(t))
 

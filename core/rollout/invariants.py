@@ -10,6 +10,9 @@ still finishes with rc=0. So the rule is checked, not hoped for:
 * ``tokens``: ``prompt_ids + completion_ids`` detokenise to the rendering of the final ``messages``,
   up to a closing the model did not emit (the template's text after an assistant message: the
   ``"\\n"`` after a sampled eos, or the whole closing when the completion was cut by length);
+* ``tokens`` also: no trained assistant message holds the template's closing token (``<|im_end|>``)
+  inside its text — tokens and text would agree, but the model would learn to go on after its eos
+  (ms-swift 4.6.0 continues token-backed messages after the sampled eos);
 * ``logprobs``: every loss-mask-1 token carries a finite sampler logprob;
 * ``status``: ``ok``/``truncated``/``failed``; a trajectory whose last completion was cut by length
   is not ``ok``;
@@ -31,6 +34,7 @@ import attrs
 
 from ..types import Trajectory
 from .. import chat_template as tk
+from .token_backed import closing_token_ids
 
 STATUSES = ("ok", "truncated", "failed")
 
@@ -119,6 +123,10 @@ def check_trajectory(
         if not prompt_matches(tokenizer, traj.messages[:n_prompt], traj.prompt_ids, have_prompt, want_prompt):
             out.append(Violation(traj.uuid, "prompt",
                                  f"prompt_ids do not spell the prompt messages: {_diff(have_prompt, want_prompt)}", 0))
+            return out
+        inside = _closing_inside_text(tokenizer, traj, n_prompt)
+        if inside is not None:
+            out.append(inside)
             return out
         ends_open = traj.messages[-1].get("role") == "assistant"
         want_all = render_trained(tokenizer, traj.messages, trained_messages(traj, n_prompt), tools, not ends_open)
@@ -247,6 +255,23 @@ def _text_ids(traj: Trajectory, tokenizer: Any, closing: str) -> list[int]:
 
 
 # --- helpers --------------------------------------------------------------------------------------
+def _closing_inside_text(tokenizer: Any, traj: Trajectory, n_prompt: int) -> Violation | None:
+    """A trained assistant message whose text holds a closing token (``<|im_end|>``)."""
+    names = [tk.decode(tokenizer, [t]) for t in sorted(closing_token_ids(tokenizer))]
+    names = [n for n in names if n]
+    for i in trained_messages(traj, n_prompt):
+        if not 0 <= i < len(traj.messages):
+            continue
+        content = traj.messages[i].get("content")
+        if not isinstance(content, str):
+            continue
+        for name in names:
+            if name in content:
+                return Violation(traj.uuid, "tokens", f"assistant message {i} holds the closing token {name!r} inside its text; "
+                                 "the model would be trained to go on after it (drop it from response ids the message continues after)")
+    return None
+
+
 def _last_sampled(traj: Trajectory) -> Any:
     for turn in reversed(traj.turns):
         if any(turn.loss_mask):

@@ -17,6 +17,7 @@ invariant checker (:mod:`rlcore.rollout.invariants`) holds every result to the c
 from __future__ import annotations
 
 import contextvars
+import functools
 import inspect
 from typing import Any
 
@@ -25,11 +26,61 @@ from ..errors import ConfigError
 from ..types import Completion, SamplingParams, Trajectory
 from .stream import TokenStream
 from .swift_api import ChatCompletionResponse, Messages, ResponseChoice, RolloutOutput, as_sampling_params, extract_logprobs
+from .swift4 import SwiftHelpers
 
 MAX_TURNS_HARD_CAP = 1000
 
 #: the sampler calls of the trajectory whose ``run`` is executing (set per asyncio task by the driver)
 SAMPLES: contextvars.ContextVar[list[Completion] | None] = contextvars.ContextVar("rlcore_samples", default=None)
+
+#: uuids whose ``on_trajectory_start`` the driver already ran, seen from inside that trajectory's ``run``
+STARTED: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("rlcore_started", default=frozenset())
+
+
+class _Noop:
+    """What the base ``on_trajectory_start`` returns: nothing, and awaitable — ms-swift 4.x's hooks
+    are ``async def``, so a 4.x subclass writes ``await super().on_trajectory_start(requests)``."""
+
+    def __await__(self) -> Any:
+        return iter(())
+
+
+class _AwaitableDict(dict):  # type: ignore[type-arg]
+    """A dict that is also awaitable (to itself): the base ``on_turn_end`` result, usable by rlcore's
+    sync callers and by ms-swift 4.x's ``await super().on_turn_end(...)``."""
+
+    def __await__(self) -> Any:
+        return self
+        yield  # pragma: no cover - makes this a generator
+
+
+def _once_per_trajectory(fn: Any) -> Any:
+    """Wrap a subclass's ``on_trajectory_start`` so that a call from inside ``run`` for trajectories
+    the driver already started is a no-op: ms-swift 4.x's ``MultiTurnScheduler.run`` starts its own
+    request, and a ``run`` copied from it must not reset an environment twice."""
+
+    def skip(trajectories: Any) -> bool:
+        started = STARTED.get()
+        return bool(started) and bool(trajectories) and all(getattr(t, "uuid", None) in started for t in trajectories)
+
+    if inspect.iscoroutinefunction(fn):
+        @functools.wraps(fn)
+        async def wrapper_async(self: Any, trajectories: Any, *args: Any, **kwargs: Any) -> Any:
+            if skip(trajectories):
+                return None
+            return await fn(self, trajectories, *args, **kwargs)
+
+        wrapper: Any = wrapper_async
+    else:
+        @functools.wraps(fn)
+        def wrapper_sync(self: Any, trajectories: Any, *args: Any, **kwargs: Any) -> Any:
+            if skip(trajectories):
+                return _Noop()
+            return fn(self, trajectories, *args, **kwargs)
+
+        wrapper = wrapper_sync
+    wrapper._rlcore_once = True
+    return wrapper
 
 
 class _InferEngine:
@@ -63,8 +114,13 @@ class _InferEngine:
         return getattr(self.scheduler.sampler, name)
 
 
-class RolloutScheduler:
+class RolloutScheduler(SwiftHelpers):
     """Single-turn rollouts: one completion per trajectory. Base of every scheduler.
+
+    ms-swift 4.x's helper methods (``get_response_token_data``, ``prepare_response_continuation``,
+    ``set_assistant_message_token_ids``, ``snapshot_and_materialize_assistant_messages``,
+    ``restore_assistant_message_snapshots``, ``append_assistant_completion``, ``engine``) come from
+    :class:`~rlcore.rollout.swift4.SwiftHelpers`.
 
     Options: ``max_turns`` (1), ``sampling_params``, ``max_total_tokens`` (stop — truncated — once
     prompt + completion reach it), ``tools`` (JSON schemas rendered by the chat template; kept in
@@ -78,6 +134,8 @@ class RolloutScheduler:
     default_max_turns = 1
     #: True lets an observer's ``{"done": True}`` from ``on_turn_end`` end a trajectory of this scheduler
     observers_may_stop = False
+    #: ms-swift 4.x's template handle (``self._template``); rlcore renders with the tokenizer's chat template
+    _template: Any = None
 
     def __init__(
         self,
@@ -104,6 +162,12 @@ class RolloutScheduler:
         self.options = options
         self.observers: Any = None  # the run's RunHooks of named observers, set by the driver
         self._streams: dict[str, TokenStream] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        fn = cls.__dict__.get("on_trajectory_start")
+        if callable(fn) and not getattr(fn, "_rlcore_once", False):
+            cls.on_trajectory_start = _once_per_trajectory(fn)  # type: ignore[method-assign]
 
     # --- ms-swift compatible attributes -------------------------------------------------------
     @property
@@ -139,14 +203,18 @@ class RolloutScheduler:
         return extract_logprobs(response_choice)
 
     # --- lifecycle (override these; sync or async) ----------------------------------------------
-    def on_trajectory_start(self, trajectories: list[Trajectory]) -> None:
+    def on_trajectory_start(self, trajectories: list[Trajectory]) -> Any:
         """Once per batch before the first turn (reset environments, seed messages). Replacing a
-        trajectory's ``messages`` here is enough: the prompt tokens follow them."""
+        trajectory's ``messages`` here is enough: the prompt tokens follow them. Runs once per
+        trajectory: a call from inside ``run`` (ms-swift 4.x's base ``run`` makes one) for a
+        trajectory the driver started is skipped."""
+        return _Noop()
 
     def on_turn_end(self, infer_request: Trajectory, response_choice: Any, current_turn: int) -> dict[str, Any] | None:
         """After each assistant turn: ``{"done": bool, "reward": float, "infos": {...}}`` (ms-swift's
-        ``rollout_infos`` is accepted for ``infos``) or None."""
-        return None
+        ``rollout_infos`` is accepted for ``infos``) or None. ``done`` True ends the trajectory;
+        False leaves the decision to ``check_finished`` (in ms-swift 4.x a ``done`` key replaces it)."""
+        return _AwaitableDict()
 
     def step(self, infer_request: Trajectory, response_choice: Any, current_turn: int) -> dict[str, Any]:
         """Build the next turn; the default changes nothing, so the model continues its message."""
@@ -180,11 +248,15 @@ class RolloutScheduler:
             traj.num_turns = turn
             if completion.finish_reason == "length":
                 traj.status, traj.reason = "truncated", "max_tokens reached"
-            done = apply_turn_end(traj, await await_me_maybe(self.on_turn_end(traj, choice, turn)))
-            done = await self.observe_turn(traj, choice, turn) or done
-            if traj.status == "failed":
-                break
-            finished = done or bool(await await_me_maybe(self.check_finished(traj, choice, turn)))
+            snaps = self.snapshot_and_materialize_assistant_messages(traj)  # hooks read text (ms-swift 4.x)
+            try:
+                done = apply_turn_end(traj, await await_me_maybe(self.on_turn_end(traj, choice, turn)))
+                done = await self.observe_turn(traj, choice, turn) or done
+                if traj.status == "failed":
+                    break
+                finished = done or bool(await await_me_maybe(self.check_finished(traj, choice, turn)))
+            finally:
+                self.restore_assistant_message_snapshots(snaps)
             if traj.status == "failed":
                 break
             if finished or turn >= self.max_turns or turn >= MAX_TURNS_HARD_CAP:

@@ -12,6 +12,12 @@ generation, turns the difference into tokens without touching what was sampled:
   text are kept (with their logprobs), the rest is dropped, the new text is appended with loss_mask 0
   and generation continues inside the same message (no new turn header);
 * anything else (earlier messages rewritten) cannot be token-exact and raises a clear error.
+
+ms-swift 4.x's *token-backed* assistant messages (``content`` = the message's exact token ids, see
+:mod:`rlcore.rollout.swift4`) are checked against the tokens the stream holds before anything
+else: equal ids change nothing, ids for the open assistant message replace its tokens (what still
+matches the sample keeps mask 1 and its logprobs, the rest is mask 0), ids for an earlier message
+must be its tokens, and a closing token (eos) inside a message that goes on is refused.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ import attrs
 from ..errors import RlcoreError
 from ..types import Completion, Trajectory, Turn
 from .. import chat_template as tk
+from .swift_api import token_backed_ids
+from .token_backed import closing_inside, closing_token_ids, message_text
 
 #: Turn.role of loss-mask-0 text placed *inside* the current assistant message (continuations).
 INLINE_ROLE = "continuation"
@@ -50,6 +58,8 @@ class TokenStream:
     #: the last sampled turn and the assistant text before it: what a continuation edit may trim
     last_sample: Turn | None = None
     base_content: str = ""
+    #: the exact tokens of each closed assistant message, by message index (checks token-backed messages)
+    closed_ids: dict[int, list[int]] = attrs.field(factory=dict)
 
     @classmethod
     def start(cls, tokenizer: Any, trajectory: Trajectory, tools: list[dict[str, Any]] | None = None) -> "TokenStream":
@@ -81,7 +91,10 @@ class TokenStream:
             self.base_content = str(self.synced[-1].get("content") or "")
             self.synced[-1]["content"] = self.base_content + content
             if update_messages and trajectory.messages and trajectory.messages[-1].get("role") == "assistant":
-                trajectory.messages[-1]["content"] = str(trajectory.messages[-1].get("content") or "") + content
+                prev = trajectory.messages[-1].get("content")
+                if token_backed_ids(prev) is not None:  # checked and decoded by sync: its text is the synced one
+                    prev = self.base_content
+                trajectory.messages[-1]["content"] = str(prev or "") + content
         else:
             self.base_content = ""
             self.synced.append({"role": "assistant", "content": content})
@@ -145,7 +158,7 @@ class TokenStream:
     # --- before the next generation -----------------------------------------------------------------
     def sync(self, trajectory: Trajectory) -> None:
         """Append tokens for whatever the scheduler changed in ``messages`` since the last sync."""
-        cur = trajectory.messages
+        cur = self._resolve_token_backed(trajectory)
         synced = self.synced
         common = 0
         while common < min(len(cur), len(synced)) and _same(cur[common], synced[common]):
@@ -191,12 +204,77 @@ class TokenStream:
                 raise tk.not_prefix_error(full, after, new)
             text = closing + after[len(full):]
         self.head = (len(synced) + len(new), after)
+        if assistant_open:
+            self.closed_ids[last] = [t for turn in trajectory.turns[self.gen_start:] for t in turn.token_ids]
         ids = tk.encode_text(self.tokenizer, text)
         role = str(new[0].get("role") or "user")
         trajectory.turns.append(Turn.observation(ids, role=role, text=text))
         synced.extend(copy.deepcopy(list(new)))
         self.open = False
         self.gen_start = len(trajectory.turns)
+
+    def _resolve_token_backed(self, trajectory: Trajectory) -> list[dict[str, Any]]:
+        """``trajectory.messages`` with each token-backed assistant message checked against the
+        stream (and, for the open message, adopted) and shown as its text."""
+        cur = trajectory.messages
+        backed = [i for i, m in enumerate(cur)
+                  if isinstance(m, dict) and m.get("role") == "assistant" and token_backed_ids(m.get("content")) is not None]
+        if not backed:
+            return cur
+        view = list(cur)
+        synced = self.synced
+        open_at = len(synced) - 1 if self.open and synced and synced[-1].get("role") == "assistant" else -1
+        for i in backed:
+            ids = token_backed_ids(cur[i]["content"]) or []
+            where = f"token-backed assistant message {i}"
+            problem = closing_inside(self.tokenizer, ids, i == len(cur) - 1, where)
+            if problem:
+                raise MessagesEditError(problem)
+            if i == open_at:
+                text = self._adopt_ids(trajectory, ids)
+            elif i in self.closed_ids and i < len(synced):
+                have = self.closed_ids[i]
+                if not (ids == have or (have and ids == have[:-1] and have[-1] in closing_token_ids(self.tokenizer))):
+                    raise MessagesEditError(
+                        f"{where} was set to {len(ids)} token ids that are not the {len(have)} tokens it was answered with; "
+                        "only the open (last) assistant message's tokens can be replaced"
+                    )
+                text = str(synced[i].get("content") or "")
+            else:
+                raise MessagesEditError(
+                    f"{where} is not an answer of the model in this trajectory, so its ids cannot be checked; give it as text"
+                )
+            view[i] = {**cur[i], "content": text}
+        return view
+
+    def _adopt_ids(self, trajectory: Trajectory, ids: list[int]) -> str:
+        """The open assistant message's tokens become ``ids``: the leading run equal to the tokens the
+        stream holds keeps its masks and logprobs, the rest is the scheduler's (mask 0)."""
+        old = trajectory.turns[self.gen_start:]
+        have = [t for turn in old for t in turn.token_ids]
+        text = message_text(self.tokenizer, ids)
+        if ids != have:
+            k = 0
+            while k < min(len(ids), len(have)) and ids[k] == have[k]:
+                k += 1
+            kept: list[Turn] = []
+            left = k
+            for turn in old:
+                if left <= 0:
+                    break
+                n = min(left, len(turn.token_ids))
+                kept.append(turn if n == len(turn.token_ids) else Turn(
+                    turn.token_ids[:n], turn.loss_mask[:n], turn.logprobs[:n], role=turn.role,
+                    text=tk.decode(self.tokenizer, turn.token_ids[:n]), finish_reason=turn.finish_reason))
+                left -= n
+            del trajectory.turns[self.gen_start:]
+            trajectory.turns.extend(kept)
+            if ids[k:]:
+                trajectory.turns.append(Turn.observation(ids[k:], role=INLINE_ROLE, text=tk.decode(self.tokenizer, ids[k:])))
+            self.last_sample = None
+            trajectory.infos["token_backed_edits"] = int(trajectory.infos.get("token_backed_edits", 0)) + 1
+        self.synced[-1] = {**self.synced[-1], "content": text}
+        return text
 
     def _edit_assistant(self, trajectory: Trajectory, new_content: str) -> None:
         """Make the open assistant message's tokens spell ``new_content`` (continuation).

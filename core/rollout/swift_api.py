@@ -2,8 +2,12 @@
 
 Reproduces the shapes of ms-swift 3.12.6 (``swift/llm/infer/protocol.py``: ``RolloutOutput``,
 ``ChatCompletionResponseChoice``; ``swift/plugin/multi_turn.py``:
-``MultiTurnScheduler._extract_logprobs_from_choice``; ``swift/llm/utils.py``: ``Messages``). Written
-from reading that source; no code copied.
+``MultiTurnScheduler._extract_logprobs_from_choice``; ``swift/llm/utils.py``: ``Messages``) and of
+ms-swift 4.6.0, which moved them (``swift/infer_engine/protocol.py``, ``swift/template``,
+``swift/rollout/agent_loop.py``: ``extract_logprobs_from_choice``, ``invoke_async_hook``) and added
+*token-backed* assistant messages (``swift/template/utils.py``: ``get_token_backed_response_ids`` — an
+assistant ``content`` that is a list of token ids, or a dict holding ``token_ids``/``input_ids``,
+stands for exactly those tokens). Written from reading that source; no code copied.
 
 Semantics that matter for training (and that rlcore enforces):
 
@@ -17,6 +21,8 @@ Semantics that matter for training (and that rlcore enforces):
 from __future__ import annotations
 
 from typing import Any
+
+import asyncio
 
 import attrs
 
@@ -50,6 +56,8 @@ class RolloutOutput:
     response_loss_mask: list[list[int]] = attrs.field(factory=list, converter=_rounds)
     rollout_infos: dict[str, Any] = attrs.field(factory=dict)
     rollout_logprobs: list[list[float]] = attrs.field(factory=list, converter=_rounds)
+    #: ms-swift 4.x's field (logprobs of the prompt tokens); accepted, not used for training
+    prompt_logprobs: list[Any] | None = None
 
 
 @attrs.define
@@ -75,6 +83,11 @@ class ResponseChoice:
     @property
     def token_ids(self) -> list[int]:
         return self.completion.token_ids
+
+    @property
+    def routed_experts(self) -> Any:
+        """ms-swift 4.x's MoE routing record of the sample; rlcore's samplers record none (None)."""
+        return self.completion.meta.get("routed_experts")
 
     @property
     def logprobs(self) -> dict[str, list[dict[str, Any]]] | None:
@@ -120,6 +133,7 @@ class ChatCompletionResponse:
     choices: list[ResponseChoice]
     prompt_token_ids: list[int] | None = None
     model: str = "rlcore"
+    prompt_logprobs: list[Any] | None = None  # ms-swift 4.x's field; rlcore's samplers return none
 
 
 def as_sampling_params(request_config: Any, default: SamplingParams | None) -> SamplingParams | None:
@@ -129,7 +143,7 @@ def as_sampling_params(request_config: Any, default: SamplingParams | None) -> S
     get = request_config.get if isinstance(request_config, dict) else (lambda k, d=None: getattr(request_config, k, d))
     base = default or SamplingParams()
     changes: dict[str, Any] = {}
-    for name in ("max_tokens", "temperature", "top_p", "top_k", "seed", "repetition_penalty"):
+    for name in ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty"):
         v = get(name, None)
         if v is not None:
             changes[name] = v
@@ -137,3 +151,39 @@ def as_sampling_params(request_config: Any, default: SamplingParams | None) -> S
     if stop:
         changes["stop"] = list(stop)
     return base.replace(**changes)
+
+
+def extract_logprobs_from_choice(response_choice: Any) -> list[float]:
+    """ms-swift 4.x's module-level name (``swift.rollout.extract_logprobs_from_choice``)."""
+    return extract_logprobs(response_choice)
+
+
+def invoke_async_hook(coro: Any) -> Any:
+    """ms-swift 4.x's ``invoke_async_hook``: drive a coroutine to its result from sync code (a fresh
+    event loop; calling it while a loop runs in this thread is an error, as in ms-swift)."""
+    return asyncio.run(coro) if asyncio.iscoroutine(coro) else coro
+
+
+def remove_response(messages: Messages) -> str | None:
+    """ms-swift's ``swift.utils.remove_response``: pop a trailing assistant message, return its content."""
+    if messages and messages[-1].get("role") == "assistant":
+        return messages.pop().get("content")
+    return None
+
+
+def token_backed_ids(content: Any) -> list[int] | None:
+    """The token ids a token-backed assistant ``content`` stands for, else ``None`` (plain text,
+    multimodal parts). ms-swift 4.6.0's ``get_token_backed_response_ids`` accepts the same shapes."""
+    if isinstance(content, dict):
+        ids = content.get("token_ids", content.get("input_ids"))
+    elif isinstance(content, list) and (not content or isinstance(content[0], int)):
+        ids = content
+    else:
+        return None
+    if not isinstance(ids, list) or any(not isinstance(t, int) or isinstance(t, bool) for t in ids):
+        return None
+    return [int(t) for t in ids]
+
+
+#: ms-swift 4.6.0's name for :func:`token_backed_ids` (``swift.template.utils``)
+get_token_backed_response_ids = token_backed_ids

@@ -42,6 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..algorithms.logprobs import FP32_HEAD
+
 #: model types whose decoder layer is exactly: RMSNorm, q/k/v projections (+ per-head q/k RMSNorm for
 #: qwen3), rotate-half RoPE, attention, o_proj, residual, RMSNorm, SiLU-gated MLP, residual
 FAMILIES = {"llama": False, "mistral": False, "qwen2": False, "qwen3": True}  # value: has q_norm/k_norm
@@ -336,7 +338,10 @@ class FusedDecode:
                 act = F.silu(_residual_linear(None, x, mlp.gate_proj, fuse_residual, casts))
                 act = act.mul_(_residual_linear(None, x, mlp.up_proj, fuse_residual, casts))
             h = _residual_linear(h, act, mlp.down_proj, fuse_residual)
-        return _residual_linear(None, rms_norm(h, base.norm), self.model.lm_head, fuse_residual)
+        head = self.model.lm_head
+        if getattr(head, FP32_HEAD, False):  # cast_lm_head_to_fp32: the head's own float32 forward (logits in float32)
+            return head(rms_norm(h, base.norm))
+        return _residual_linear(None, rms_norm(h, base.norm), head, fuse_residual)
 
 
 def _residual_linear(h: torch.Tensor | None, x: torch.Tensor, m: Any, fuse: bool, casts: dict | None = None) -> torch.Tensor:

@@ -4,9 +4,9 @@ from pathlib import Path
 from typing import Any
 
 from .scripted import ScriptedSampler, fake_logprob
-from ..demo import SIZES, build_model_dir, build_tokenizer, load_tiny, tiny_model_path
+from ..demo import ARCHS, SIZES, build_model_dir, build_tokenizer, load_tiny, tiny_model_path
 
-__all__ = ["SIZES", "ScriptedSampler", "fake_logprob", "build_model_dir", "build_tokenizer", "load_script", "load_tiny",
+__all__ = ["ARCHS", "SIZES", "ScriptedSampler", "fake_logprob", "build_model_dir", "build_tokenizer", "load_script", "load_tiny",
            "tiny_model_path"]
 
 

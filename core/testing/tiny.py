@@ -1,6 +1,7 @@
 """Moved to :mod:`rlcore.demo` (the CLIs' built-in model is product); importable here as before."""
 
 from ..demo import (
+    ARCHS,
     SIZES,
     FORMAT_VERSION,
     SPECIAL_TOKENS,
@@ -12,4 +13,4 @@ from ..demo import (
     load_tiny,
 )
 
-__all__ = ['SIZES', 'FORMAT_VERSION', 'SPECIAL_TOKENS', 'CHAT_TEMPLATE', 'build_tokenizer', 'cache_dir', 'tiny_model_path', 'build_model_dir', 'load_tiny']
+__all__ = ['ARCHS', 'SIZES', 'FORMAT_VERSION', 'SPECIAL_TOKENS', 'CHAT_TEMPLATE', 'build_tokenizer', 'cache_dir', 'tiny_model_path', 'build_model_dir', 'load_tiny']

@@ -144,18 +144,20 @@ class GRPOConfig(TrainingArguments):
     max_tool_calling_iterations: int | None = field(default=None, metadata={"help": "With tools: most tool rounds per trajectory (max_turns = this + 1)."})
     chat_template_kwargs: dict | str | None = field(default=None, metadata={"help": "Extra keyword arguments for the chat template wherever the policy's prompts and turns are rendered (e.g. {\"enable_thinking\": false}); a JSON object on the command line."})
 
+    # --- TRL 1.16 options with TRL's meaning (docs/porting-trl.md) -----------------------------------
+    multi_objective_aggregation: str = field(default="sum_then_normalize", metadata={"help": "How several rewards combine: sum_then_normalize (weighted sum, then the advantage estimator) or normalize_then_sum (GDPO: each reward normalised within its group, then the weighted sum; with advantage=grpo the sum is then normalised over the batch, as in TRL)."})
+    off_policy_mask_threshold: float | None = field(default=None, metadata={"help": "Off-policy sequence masking (DeepSeek-V3.2, TRL's OPSM): a negative-advantage trajectory whose mean per-token KL(sampler || current policy) exceeds this is left out of the loss (None: off)."})
+    cast_lm_head_to_fp32: bool = field(default=False, metadata={"help": "Keep the lm_head of the policy and the reference model in float32 and compute logits in float32 (ScaleRL); the colocated hf sampler draws from the same float32 head."})
+    router_aux_loss_coef: float | None = field(default=None, metadata={"help": "Weight of a Mixture-of-Experts model's load-balancing loss added to the training loss (None: the model config's own router_aux_loss_coef; 0 turns it off; an error for a model that is not MoE)."})
+    pad_to_multiple_of: int | str | None = field(default="auto", metadata={"help": "Pad every micro-batch's sequence length to a multiple of this (fixed shapes for compilers); changes no loss number. auto: no padding (TRL: 128 on Neuron only)."})
+    log_unique_prompts: bool = field(default=False, metadata={"help": "With log_completions: log one completion per distinct prompt (the first), not every completion."})
+    vllm_model_impl: str = field(default="vllm", metadata={"help": "vLLM's model implementation for the colocated vllm sampler: vllm or transformers (the engine's model_impl)."})
+
     # --- TRL options rlcore refuses unless left at TRL's default (rlcore.training.trl_fields) ----
-    router_aux_loss_coef: float | None = field(default=None, metadata={"help": "Not supported (TRL MoE option)."})
-    cast_lm_head_to_fp32: bool = field(default=False, metadata={"help": "Not supported."})
     ds3_gather_for_generation: bool = field(default=True, metadata={"help": "Not supported (DeepSpeed ZeRO-3 generation)."})
-    pad_to_multiple_of: str | None = field(default="auto", metadata={"help": "Not supported."})
     cache_implementation: str | None = field(default=None, metadata={"help": "Not supported."})
-    vllm_model_impl: str = field(default="vllm", metadata={"help": "Not supported: sampler_options engine_args."})
     vllm_structured_outputs_regex: str | None = field(default=None, metadata={"help": "Not supported."})
     vllm_group_port: int = field(default=51216, metadata={"help": "Not supported: rlcore's own weight sync."})
-    off_policy_mask_threshold: float | None = field(default=None, metadata={"help": "Not supported: is_correction='sequence_mask'."})
-    multi_objective_aggregation: str = field(default="sum_then_normalize", metadata={"help": "Only sum_then_normalize."})
-    log_unique_prompts: bool = field(default=False, metadata={"help": "Not supported."})
     log_completions_hub_repo: str | None = field(default=None, metadata={"help": "Not supported (no network)."})
     use_transformers_continuous_batching: bool = field(default=False, metadata={"help": "Not supported: sampler='vllm'."})
     transformers_continuous_batching_config: dict | None = field(default=None, metadata={"help": "Not supported."})
@@ -182,6 +184,12 @@ class GRPOConfig(TrainingArguments):
                 raise ConfigError(f"{name} must be a JSON object, got {type(value).__name__}")
             setattr(self, name, value)
         check_refused(self)
+        if isinstance(self.pad_to_multiple_of, str) and self.pad_to_multiple_of != "auto":  # TRL's parsing (a CLI string)
+            text = self.pad_to_multiple_of.strip().lower()
+            try:
+                self.pad_to_multiple_of = None if text in ("none", "null") else int(text)
+            except ValueError:
+                raise ConfigError(f"pad_to_multiple_of must be a positive integer, 'auto' or None, got {self.pad_to_multiple_of!r}") from None
         self._move_component_fields()
         if self.chat_template_kwargs:
             from ..chat_template import check_chat_template_kwargs
@@ -201,6 +209,8 @@ class GRPOConfig(TrainingArguments):
                           FutureWarning, stacklevel=3)
             self.vllm_importance_sampling_clip_max = self.vllm_importance_sampling_cap
         self._map_vllm()
+        if self.sampler == "vllm" and not self.use_vllm and self.vllm_model_impl != "vllm":  # rlcore's own vllm sampler
+            _set_model_impl(self.sampler_options, self.vllm_model_impl)
         if self.activation_checkpointing is None and self.gradient_checkpointing is None:
             # TRL's default (on), set under transformers' current name: set under the old one, as TRL
             # does, every run printed transformers' deprecation warning for a setting nobody made
@@ -271,6 +281,7 @@ class GRPOConfig(TrainingArguments):
                 self.sleep_sampler = True
             if self.vllm_max_model_length is not None:
                 opts.setdefault("max_model_len", self.vllm_max_model_length)
+            _set_model_impl(opts, self.vllm_model_impl)  # TRL always hands its colocated engine model_impl
         else:
             opts.setdefault("base_url", self.vllm_server_base_url or f"http://{self.vllm_server_host}:{self.vllm_server_port}")
             opts.setdefault("timeout", self.vllm_server_timeout)
@@ -289,6 +300,13 @@ class GRPOConfig(TrainingArguments):
         """The loss plugin to use. Every loss honours ``importance_sampling_level`` itself (as in
         TRL), so this is ``loss_type``; kept for code written against earlier rlcore."""
         return self.loss_type
+
+
+def _set_model_impl(opts: dict, impl: str) -> None:
+    """``vllm_model_impl`` → the vllm sampler's engine argument ``model_impl`` (vLLM's
+    ``EngineArgs.model_impl``), unless ``sampler_options`` already sets it (directly or in ``engine_args``)."""
+    if "model_impl" not in opts and "model_impl" not in (opts.get("engine_args") or {}):
+        opts["model_impl"] = impl
 
 
 def _cuda_bf16() -> bool:
@@ -340,6 +358,33 @@ def check_values(cfg: GRPOConfig) -> None:
         raise ConfigError(f"failure_patience must be at least 1, got {cfg.failure_patience}")
     if cfg.max_turns is not None and cfg.max_turns < 1:
         raise ConfigError(f"max_turns must be at least 1, got {cfg.max_turns}")
+    check_trl_options(cfg)
+
+
+VLLM_MODEL_IMPLS = ("vllm", "transformers", "auto", "terratorch")  # vLLM 0.33 ModelConfig.model_impl
+
+
+def check_trl_options(cfg: GRPOConfig) -> None:
+    """TRL 1.16 options rlcore implements (multi_objective_aggregation, off_policy_mask_threshold,
+    router_aux_loss_coef, pad_to_multiple_of, vllm_model_impl): one line per bad value."""
+    from ..rewards import AGGREGATIONS
+
+    if cfg.multi_objective_aggregation not in AGGREGATIONS:
+        raise ConfigError(f"multi_objective_aggregation={cfg.multi_objective_aggregation!r} is not one of {', '.join(AGGREGATIONS)}")
+    if cfg.multi_objective_aggregation == "normalize_then_sum" and cfg.advantage == "grpo" and cfg.scale_rewards == "none":
+        raise ConfigError("multi_objective_aggregation='normalize_then_sum' always divides by the batch std (TRL ignores "
+                          "scale_rewards there); drop scale_rewards='none' or use sum_then_normalize")
+    t = cfg.off_policy_mask_threshold
+    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < math.inf):
+        raise ConfigError(f"off_policy_mask_threshold must be a KL threshold >= 0 (e.g. 0.5) or None, got {t!r}")
+    c = cfg.router_aux_loss_coef
+    if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 <= c < math.inf):
+        raise ConfigError(f"router_aux_loss_coef must be >= 0 (None: the model's own coefficient), got {c!r}")
+    p = cfg.pad_to_multiple_of
+    if p is not None and p != "auto" and (isinstance(p, bool) or not isinstance(p, int) or p < 1):
+        raise ConfigError(f"pad_to_multiple_of must be a positive integer, 'auto' or None, got {p!r}")
+    if cfg.vllm_model_impl not in VLLM_MODEL_IMPLS:
+        raise ConfigError(f"vllm_model_impl={cfg.vllm_model_impl!r} is not one of {', '.join(VLLM_MODEL_IMPLS)} (vLLM's model_impl)")
 
 
 def validate_components(cfg: GRPOConfig, extra_rewards: int = 0, environment_rewards: int = 0) -> None:
@@ -359,6 +404,10 @@ def validate_components(cfg: GRPOConfig, extra_rewards: int = 0, environment_rew
     for name in cfg.observers or []:  # an observer is named like a component: a typo is one line, nothing loaded
         p.observer(name)
     check_component_options(cfg)
+    if cfg.vllm_model_impl != "vllm" and cfg.sampler != "vllm":
+        raise ConfigError(f"vllm_model_impl={cfg.vllm_model_impl!r} applies to the colocated vllm sampler (sampler='vllm', or "
+                          f"use_vllm=True with vllm_mode='colocate'), not sampler={cfg.sampler!r}; a vLLM server takes "
+                          "--model-impl on its own command line")
     n = len(names) + extra_rewards
     if n + environment_rewards == 0:
         raise ConfigError("no reward: pass --reward NAME (see `rlcore components reward`) or reward_funcs=")

@@ -3,7 +3,7 @@
 value other than that default is refused with one line saying what to use instead — never
 accepted and ignored. The fields rlcore does implement are ordinary fields of the config.
 
-The list is checked against TRL's dataclass by ``tests/test_trl_config_fields.py``: every TRL field
+The list is checked against TRL's dataclass by ``tests/test_trl_compat.py``: every TRL field
 is either an rlcore field with TRL's meaning or listed here.
 """
 
@@ -15,17 +15,10 @@ from ..errors import ConfigError
 
 #: field -> (TRL's default, what to do instead)
 REFUSED: dict[str, tuple[Any, str]] = {
-    "router_aux_loss_coef": (None, "MoE router auxiliary loss is not implemented; leave it unset"),
-    "cast_lm_head_to_fp32": (False, "load the model in float32 (model_init_kwargs={'dtype': 'float32'}) instead"),
     "ds3_gather_for_generation": (True, "rlcore does not run generation under DeepSpeed ZeRO-3; use sampler='vllm' for large models"),
-    "pad_to_multiple_of": ("auto", "rlcore pads each micro-batch to its longest row; leave it unset"),
     "cache_implementation": (None, "the hf sampler manages its own KV cache; use sampler='vllm' for paged attention"),
-    "vllm_model_impl": ("vllm", "pass sampler_options={'engine_args': {'model_impl': ...}} instead"),
     "vllm_structured_outputs_regex": (None, "structured outputs are not supported by rlcore's samplers"),
     "vllm_group_port": (51216, "rlcore syncs weights to a vLLM server through its worker extension, not TRL's NCCL group"),
-    "off_policy_mask_threshold": (None, "use is_correction='sequence_mask' with is_threshold (rlcore's off-policy masking)"),
-    "multi_objective_aggregation": ("sum_then_normalize", "only sum_then_normalize is implemented; normalise inside a reward plugin"),
-    "log_unique_prompts": (False, "read OUTPUT_DIR/completions.jsonl (log_completions=True) instead"),
     "log_completions_hub_repo": (None, "upload OUTPUT_DIR/completions.jsonl yourself (rlcore makes no network calls)"),
     "use_transformers_continuous_batching": (False, "the hf sampler batches concurrent requests itself; use sampler='vllm' for continuous batching"),
     "transformers_continuous_batching_config": (None, "the hf sampler batches concurrent requests itself; use sampler='vllm'"),
@@ -37,7 +30,5 @@ def check_refused(cfg: Any) -> None:
     """One line for the first TRL field set to something rlcore would otherwise ignore."""
     for name, (default, instead) in REFUSED.items():
         value = getattr(cfg, name, default)
-        if name == "pad_to_multiple_of" and value in ("auto", None):
-            continue
         if value != default:
             raise ConfigError(f"{name}={value!r} (a TRL GRPOConfig option) is not supported by rlcore: {instead}")

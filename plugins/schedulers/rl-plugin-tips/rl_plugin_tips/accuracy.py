@@ -103,3 +103,16 @@ def judge(accuracy: AccuracyFn, text: str, reference: Any) -> bool:
         return bool(accuracy(text, reference))
     except Exception:  # noqa: BLE001 - a user check that raises on odd text must not fail the trajectory
         return False
+
+
+class MathAccuracy:
+    """ms-swift's ``MathAccuracy`` call shape (``swift.rewards.orm`` in 4.x, ``swift.plugin.orm`` in
+    3.x): ``MathAccuracy()(completions, solution) -> [1.0 or 0.0, ...]``, so an ms-swift scheduler
+    body that builds one (its tip schedulers do) runs with the import changed. Judged by
+    :func:`judge` with this package's accuracy (rl-plugin-math's ``is_correct`` when installed)."""
+
+    def __init__(self, accuracy: AccuracyFn | str | None = None) -> None:
+        self.accuracy = resolve_accuracy(accuracy)
+
+    def __call__(self, completions: list[str], solution: list[Any], **kwargs: Any) -> list[float]:
+        return [1.0 if judge(self.accuracy, str(c), s) else 0.0 for c, s in zip(completions, solution)]

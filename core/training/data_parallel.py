@@ -1,0 +1,124 @@
+"""What a data-parallel run must compute over the whole generation batch, not one rank's share.
+
+Each rank of a data-parallel run (``torchrun``, ``accelerate launch``, Ray trainer workers) rolls
+out and scores its own prompts, whole groups each. Group-relative advantages only need the group,
+but several numbers are batch-wide in TRL's GRPO and must be the same on every rank, and the same as
+one process running the whole batch would get:
+
+* advantages whose estimator uses batch statistics (``scale_rewards="batch"``, REINFORCE++'s
+  normaliser, a third party's): the estimator sees every rank's trajectories, and each rank keeps
+  its own slice (TRL gathers the rewards the same way);
+* the token-level losses' normaliser (dapo, cispo, vespo): the active tokens of the whole batch,
+  divided by the number of ranks because gradient averaging divides again;
+* the logged metrics (reward, lengths, clip ratios …) and the run-health verdict: from the whole
+  batch, so rank 0's log speaks for the run and every rank stops (or not) together.
+
+Outside ``torch.distributed`` (or with one rank) every function here is the identity, at no cost.
+Other ranks' trajectories travel in their JSON form (:meth:`Trajectory.to_dict`), so whatever a
+scheduler put in ``infos`` needs no pickling.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import attrs
+
+from ..types import Trajectory
+
+
+def world() -> tuple[int, int]:
+    """(rank, number of ranks) of the default process group; (0, 1) when there is none."""
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover - torch without distributed support
+        return 0, 1
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0, 1
+    return int(dist.get_rank()), int(dist.get_world_size())
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, in rank order (``[obj]`` outside a process group of several ranks)."""
+    rank, size = world()
+    if size == 1:
+        return [obj]
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def all_sum(value: float) -> float:
+    """``value`` summed over the ranks."""
+    return float(sum(gather_objects(float(value))))
+
+
+def mean_over_ranks(metrics: dict[str, float]) -> dict[str, float]:
+    """Each key averaged over the ranks that report it (a rank with nothing to train on in a step
+    reports no loss metrics; NaN counts as not reported)."""
+    parts = gather_objects(dict(metrics))
+    if len(parts) == 1:
+        return dict(metrics)
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for part in parts:
+        for key, value in part.items():
+            if isinstance(value, (int, float)) and not math.isnan(float(value)):
+                sums[key] = sums.get(key, 0.0) + float(value)
+                counts[key] = counts.get(key, 0) + 1
+    return {key: sums[key] / counts[key] for key in sums}
+
+
+def weighted_mean_over_ranks(metrics: dict[str, float], weights: dict[str, float]) -> dict[str, float]:
+    """Each key averaged over the ranks, rank r weighted by ``weights[key]`` (its tokens or its
+    sequences: what the metric is a mean over), so the result is the whole batch's mean. A rank
+    with nothing (weight 0, or the key missing) counts for nothing."""
+    parts = gather_objects((dict(metrics), dict(weights)))
+    sums: dict[str, float] = {}
+    totals: dict[str, float] = {}
+    for values, w in parts:
+        for key, value in values.items():
+            weight = float(w.get(key, 0.0))
+            if weight > 0 and isinstance(value, (int, float)) and not math.isnan(float(value)):
+                sums[key] = sums.get(key, 0.0) + float(value) * weight
+                totals[key] = totals.get(key, 0.0) + weight
+    return {key: sums[key] / totals[key] for key in sums}
+
+
+@attrs.define
+class WholeBatch:
+    """The generation batch of every rank, in rank order, and where this rank's share sits in it."""
+
+    trajectories: list[Trajectory]
+    columns: dict[str, list[float | None]]
+    start: int
+    stop: int
+
+    def local(self, values: Sequence[Any]) -> list[Any]:
+        """This rank's share of a per-trajectory list computed over the whole batch."""
+        return list(values[self.start:self.stop])
+
+
+def whole_batch(trajectories: Sequence[Trajectory], columns: dict[str, list[float | None]]) -> WholeBatch:
+    """Every rank's trajectories (this rank's are its own objects) and reward columns."""
+    mine = list(trajectories)
+    rank, size = world()
+    if size == 1:
+        return WholeBatch(mine, {k: list(v) for k, v in columns.items()}, 0, len(mine))
+    parts = gather_objects(([t.to_dict() for t in mine], {k: list(v) for k, v in columns.items()}))
+    everyone: list[Trajectory] = []
+    names = list(dict.fromkeys(name for _, cols in parts for name in cols))
+    merged: dict[str, list[float | None]] = {name: [] for name in names}
+    start = 0
+    for r, (dicts, cols) in enumerate(parts):
+        if r == rank:
+            start = len(everyone)
+            everyone.extend(mine)
+        else:
+            everyone.extend(Trajectory.from_dict(d) for d in dicts)
+        for name in names:
+            merged[name].extend(cols.get(name) or [None] * len(dicts))
+    return WholeBatch(everyone, merged, start, start + len(mine))

@@ -285,7 +285,7 @@ def test_adaptive_entropy_moves_on_the_world_mean_across_trainer_ranks(cluster, 
     args = _grpo_args(tmp_path / "entropy", max_steps=2, use_adaptive_entropy=True, entropy_coef=0.1,
                       entropy_coef_delta=0.05, entropy_target=100.0)
     result = run_distributed(tiny_model_dir, args, ROWS, _train_config(2), reward_funcs=[digit_sum_mod7],
-                             scheduler=SeededScheduler(), prompt_column="prompt", progress=False, samplers=(placed, pool))
+                             prompt_column="prompt", progress=False, samplers=(placed, pool))
     assert result.global_step == 2
     ctrl = [r["entropy_control"] for r in result.ranks]
     assert len(ctrl) == 2 and all(c is not None for c in ctrl)

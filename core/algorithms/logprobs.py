@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
+from ..sampling.base import FP32_HEAD  # noqa: F401 - the head marker, read below and by model_options
+
 DEFAULT_CHUNK = 1024
-#: set on an lm_head cast to float32 (``cast_lm_head_to_fp32``): its logits are computed in float32
-FP32_HEAD = "rlcore_fp32_head"
 
 
 def _upcast(x: torch.Tensor) -> torch.Tensor:

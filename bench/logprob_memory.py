@@ -70,9 +70,10 @@ def worker(side: str, batch: int, tokens: int, vocab: int, hidden: int, dtype_na
         ent = ent.view(batch, tokens) if ent is not None else None
     elif side == "trl_fused_entropy_bonus":
         from trl.kernels import ChunkedLogProbFunction
+        from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE  # the vocabulary tile TRL's trainer uses
 
         lp, ent, *_ = ChunkedLogProbFunction.apply(h.reshape(-1, hidden), w, None, targets.reshape(-1), temperature,
-                                                   4096, None, 1.0, ("log_probs", "entropy"))
+                                                   _CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0, ("log_probs", "entropy"))
         logps, ent = lp.view(batch, tokens), ent.view(batch, tokens)
     else:
         from trl.trainer.utils import entropy_from_logits, selective_log_softmax
@@ -164,7 +165,12 @@ def _plot(results: dict, ratio: float, a: argparse.Namespace) -> None:
         ax.text(i, v, f"{v:.2f} GiB\n{results[sides[i]]['seconds']:.1f}s", ha="center", va="bottom", fontsize=8)
     ax.set_ylabel("peak extra memory (GiB)")
     ax.set_ylim(0, max(vals) * 1.25)
-    ax.set_title(f"logprobs+loss+backward, V={a.vocab}, {a.batch}×{a.tokens} tok\nratio {ratio:.2f} ({a.dtype}, {a.device})")
+    summary = f"rlcore/TRL {ratio:.2f}"
+    if "rlcore_entropy_bonus" in results:
+        b = results["rlcore_entropy_bonus"]["peak_extra_mib"]
+        summary = (f"bonus/default {b / results['rlcore_default']['peak_extra_mib']:.2f}, "
+                   f"rlcore/TRL-fused with bonus {b / results['trl_fused_entropy_bonus']['peak_extra_mib']:.2f}")
+    ax.set_title(f"logprobs+loss+backward, V={a.vocab}, {a.batch}×{a.tokens} tok\n{summary} ({a.dtype}, {a.device})")
     fig.tight_layout()
     fig.savefig(a.out + ".png")
 

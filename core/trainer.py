@@ -73,6 +73,17 @@ __all__ = ["GRPOConfig", "GRPOTrainer", "high_entropy_mask"]
 logger = logging.getLogger(__name__)
 
 
+def _world_sum(t: torch.Tensor) -> torch.Tensor:
+    """``t`` summed over every data-parallel process (accelerate/torchrun and Ray trainer groups
+    alike: both run in the default torch.distributed group); ``t`` itself in one process."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        t = t.clone()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
 def _is_tokenizer(obj: Any) -> bool:
     return hasattr(obj, "apply_chat_template") and hasattr(obj, "decode")
 
@@ -639,7 +650,7 @@ class GRPOTrainer(Trainer):
         bonus = self.entropy_bonus
         if bonus is None or not self.model.training or not self.accelerator.sync_gradients:
             return
-        bonus.step(reduce=lambda t: self.accelerator.reduce(t, reduction="sum"))
+        bonus.step(reduce=_world_sum)
         self._train_metrics.add({"entropy_coef": bonus.coef})
 
     # --- logging -----------------------------------------------------------------------------------

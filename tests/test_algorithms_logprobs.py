@@ -77,10 +77,16 @@ def test_bfloat16_inputs_upcast_the_softmax() -> None:
 # --- entropy with gradient (the entropy bonus) -------------------------------------------------------
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("chunk", [1, 5, 64])
-def test_entropy_gradient_equals_full_logits_autograd(temperature: float, chunk: int) -> None:
+@pytest.mark.parametrize("rows", [128, 2])
+def test_entropy_gradient_equals_full_logits_autograd(temperature: float, chunk: int, rows: int,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """With ``entropy_grad`` the chunked entropy's gradient (alone, and mixed with the logprobs')
-    equals autograd through the full ``[N, V]`` logits, for hidden, weight and bias."""
+    equals autograd through the full ``[N, V]`` logits, for hidden, weight and bias — also when a
+    chunk's gradient is formed a few rows at a time (``ENTROPY_ROWS``)."""
+    import rlcore.algorithms.logprobs as lp_mod
     from rlcore.algorithms.logprobs import naive_entropy
+
+    monkeypatch.setattr(lp_mod, "ENTROPY_ROWS", rows)
 
     g = torch.Generator().manual_seed(3)
     N, H, V = 11, 8, 40
@@ -158,3 +164,25 @@ def test_completion_entropy_gradient_reaches_the_model(tiny_model_dir: str) -> N
         if p.grad is not None and float(p.grad.abs().sum()) > 0:
             assert n in got and torch.allclose(got[n], p.grad, atol=1e-8), n
     assert any(float(v.abs().sum()) > 0 for v in got.values())
+
+
+def test_bfloat16_entropy_gradient_follows_the_float32_reference() -> None:
+    """bf16 weights: the entropy (float32, upcast) and its gradient stay close to float32 autograd."""
+    from rlcore.algorithms.logprobs import naive_entropy
+
+    g = torch.Generator().manual_seed(7)
+    h32 = torch.randn(20, 16, generator=g)
+    w32 = torch.randn(300, 16, generator=g) * 0.3
+    h = h32.to(torch.bfloat16).requires_grad_(True)
+    w = w32.to(torch.bfloat16).requires_grad_(True)
+    _, ent = selective_logprobs(h, w, torch.randint(0, 300, (20,), generator=g), chunk_size=7, temperature=0.8,
+                                entropy_grad=True)
+    assert ent.dtype == torch.float32
+    ent.mean().backward()
+    hr, wr = h.detach().float().requires_grad_(True), w.detach().float().requires_grad_(True)
+    ref = naive_entropy(hr @ wr.T, 0.8)
+    ref.mean().backward()
+    assert torch.allclose(ent.detach(), ref.detach(), atol=0.02)
+    assert h.grad.dtype == torch.bfloat16 and w.grad.dtype == torch.bfloat16
+    assert torch.allclose(w.grad.float(), wr.grad, atol=2e-3, rtol=0.05)
+    assert torch.allclose(h.grad.float(), hr.grad, atol=2e-3, rtol=0.05)

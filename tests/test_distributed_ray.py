@@ -273,3 +273,23 @@ async def test_killed_sampler_worker_recovers_then_fails_clearly(cluster):
     assert all(t.status == "failed" and "sampler workers are dead" in t.reason for t in result.trajectories)
     with pytest.raises(WorkerFailedError, match="all 2 sampler workers are dead"):
         await pool.generate([1, 2, 3], SamplingParams(max_tokens=2))
+
+
+def test_adaptive_entropy_moves_on_the_world_mean_across_trainer_ranks(cluster, tiny_model_dir, tmp_path):
+    """Two data-parallel trainers see different prompts (so different entropies) yet measure one
+    world-mean entropy at every optimizer step and hold the same adaptive coefficient (TRL
+    reduces the window's entropy sum and token count over processes)."""
+    from rlcore.distributed.runner import run_distributed
+
+    _, placed, pool = cluster
+    args = _grpo_args(tmp_path / "entropy", max_steps=2, use_adaptive_entropy=True, entropy_coef=0.1,
+                      entropy_coef_delta=0.05, entropy_target=100.0)
+    result = run_distributed(tiny_model_dir, args, ROWS, _train_config(2), reward_funcs=[digit_sum_mod7],
+                             prompt_column="prompt", progress=False, samplers=(placed, pool))
+    assert result.global_step == 2
+    ctrl = [r["entropy_control"] for r in result.ranks]
+    assert len(ctrl) == 2 and all(c is not None for c in ctrl)
+    assert ctrl[0]["entropy_coef"] == ctrl[1]["entropy_coef"] == pytest.approx(0.2)  # +delta at each of 2 steps
+    assert 0 < ctrl[0]["last_world_entropy"] == ctrl[1]["last_world_entropy"]
+    sums = [r["param_checksum"] for r in result.ranks]
+    assert sums[0] == pytest.approx(sums[1], rel=0, abs=1e-9)

@@ -190,7 +190,8 @@ def test_generation_batches_match_trl(tmp_path: Any, over: dict[str, Any]) -> No
 # --- 5. metric keys: every key TRL logs, rlcore logs too --------------------------------------------
 @pytest.mark.parametrize("over", [dict(), dict(beta=0.04), dict(loss_type="cispo"), dict(loss_type="luspo", importance_sampling_level="sequence"),
                                   dict(loss_type="vespo"), dict(loss_type="grpo", scale_rewards=False), dict(scale_rewards=True, loss_type="bnpo"),
-                                  dict(multi_objective_aggregation="normalize_then_sum", off_policy_mask_threshold=0.5, pad_to_multiple_of=16)])
+                                  dict(multi_objective_aggregation="normalize_then_sum", off_policy_mask_threshold=0.5, pad_to_multiple_of=16),
+                                  dict(entropy_coef=0.01), dict(use_adaptive_entropy=True, entropy_target=10.0)])
 def test_rlcore_logs_every_key_trl_logs(tmp_path: Any, over: dict[str, Any]) -> None:
     res = both(tmp_path, lambda: (Recorder(), standard_rows()), **over)
     trl_keys = set().union(*(h.keys() for h in res["trl"][2]))

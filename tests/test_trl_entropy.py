@@ -307,3 +307,40 @@ def test_bad_entropy_settings_are_one_line_naming_the_field(over: dict[str, Any]
     with pytest.raises(rlcore.ConfigError, match=f"^{field}") as info:
         rlcore.GRPOConfig(output_dir=str(tmp_path), use_cpu=True, **over)
     assert "\n" not in str(info.value)
+
+
+def test_evaluation_applies_the_bonus_but_never_moves_the_controller(tmp_path: Any) -> None:
+    """TRL gates the controller on train mode: an eval forward adds ``-coef·H`` to its loss but
+    neither fills the window nor moves the coefficient."""
+    import torch
+
+    trainer = _train(str(tmp_path), max_steps=1)
+    bonus = trainer.entropy_bonus
+    bonus.last_entropy = 0.0  # a measurement at or below the target: the gate is open
+    mb = trainer._generate_and_score()[0]
+    trainer.model.eval()
+    with torch.no_grad():
+        loss = float(trainer.compute_loss(trainer.model, mb))
+    metrics = trainer._train_metrics.pop()
+    assert bonus.window is None and bonus.coef == 0.1 and bonus.last_entropy == 0.0
+    assert "entropy_coef" not in metrics  # logged at train optimizer steps only, as in TRL
+    assert loss == pytest.approx(metrics["policy_loss"] - 0.1 * metrics["entropy"], abs=1e-5)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1  # what Trainer.train sets for a micro-step
+    trainer.compute_loss(trainer.model, mb)  # outside accumulation every micro-step is a boundary
+    assert bonus.last_entropy > 0.0 and bonus.coef != 0.1  # a training micro-batch moves it
+
+
+def test_cli_and_yaml_take_the_entropy_fields(tmp_path: Any) -> None:
+    from rlcore.train_cli import build_plan
+
+    plan = build_plan(["--use-adaptive-entropy", "true", "--entropy_coef", "0.01", "--entropy-target", "3.5",
+                       "--entropy_coef_max", "0.05", "--output-dir", str(tmp_path / "a")])
+    a = plan.args
+    assert (a.use_adaptive_entropy, a.entropy_coef, a.entropy_target, a.entropy_coef_max) == (True, 0.01, 3.5, 0.05)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"entropy_coef: 0.02\noutput_dir: {tmp_path / 'b'}\n")
+    assert build_plan(["--config", str(cfg)]).args.entropy_coef == 0.02
+    with pytest.raises(rlcore.ConfigError, match="^entropy_coef must be a finite number >= 0") as info:
+        build_plan(["--entropy_coef", "-0.5", "--output-dir", str(tmp_path / "c")])
+    assert "\n" not in str(info.value)

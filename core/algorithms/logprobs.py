@@ -11,7 +11,8 @@ The per-position entropy of the same (temperature-scaled) distribution comes out
 By default it carries no gradient (it feeds metrics and the high-entropy token mask). An entropy
 *bonus* in the loss needs its gradient: with ``entropy_grad`` the entropy is differentiable and
 backward adds ``dH/dz = -p (log p + H)`` to each recomputed chunk (the formula TRL 1.16's
-``ChunkedLogProbFunction`` uses) — one more ``[chunk, V]`` block in backward, nothing when off.
+``ChunkedLogProbFunction`` uses), with ``p`` formed 128 rows at a time — a ``[128, V]`` block more
+in backward, nothing when off.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from typing import Any
 
 import torch
 
+from ..sampling.base import FP32_HEAD  # noqa: F401 - the head marker, read below and by model_options
+
 DEFAULT_CHUNK = 1024
-#: set on an lm_head cast to float32 (``cast_lm_head_to_fp32``): its logits are computed in float32
-FP32_HEAD = "rlcore_fp32_head"
 
 
 def _upcast(x: torch.Tensor) -> torch.Tensor:
@@ -110,17 +111,24 @@ class _ChunkedSelectiveLogSoftmax(torch.autograd.Function):
         )
 
 
+#: rows of a chunk turned into logit gradients at a time when the entropy has a gradient: the one
+#: extra block that ``p`` needs is ``[ENTROPY_ROWS, V]``, not another ``[chunk, V]``
+ENTROPY_ROWS = 128
+
+
 def _logp_and_entropy_grad(logits: torch.Tensor, lse: torch.Tensor, entropy: torch.Tensor, targets: torch.Tensor,
                            grad_logps: torch.Tensor, grad_entropy: torch.Tensor, t: float) -> torch.Tensor:
     """d(loss)/d(raw logits) of one chunk when both the logprob and the entropy carry gradient:
-    ``gl·(onehot − p) − ge·p·(log p + H)``, divided by the temperature. ``logits`` (the
-    temperature-scaled chunk) is overwritten; one more ``[chunk, V]`` block holds ``p``."""
-    logp = logits.sub_(lse[:, None])  # log p, in place
-    p = logp.exp()
-    ent_part = logp.add_(entropy[:, None]).mul_(p).mul_(-grad_entropy[:, None])  # -ge * p * (log p + H)
-    g = p.neg_()
-    g.scatter_add_(-1, targets[:, None], torch.ones_like(g[:, :1]))
-    g.mul_(grad_logps[:, None]).add_(ent_part)
+    ``gl·(onehot − p) − ge·p·(log p + H)``, divided by the temperature. Written into ``logits``
+    (the temperature-scaled chunk); ``p`` is formed :data:`ENTROPY_ROWS` rows at a time."""
+    g = logits.sub_(lse[:, None])  # log p, in place
+    for r in range(0, g.shape[0], ENTROPY_ROWS):
+        logp = g[r : r + ENTROPY_ROWS]
+        p = logp.exp()
+        logp.add_(entropy[r : r + ENTROPY_ROWS, None]).mul_(p).mul_(-grad_entropy[r : r + ENTROPY_ROWS, None])
+        logp.sub_(p.mul_(grad_logps[r : r + ENTROPY_ROWS, None]))  # − ge·p·(log p + H) − gl·p
+        del p
+    g.scatter_add_(-1, targets[:, None], grad_logps[:, None].to(g.dtype))  # + gl·onehot
     return g.div_(t)
 
 

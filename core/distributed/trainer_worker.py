@@ -127,6 +127,7 @@ class TrainerWorker:
             "plot_paths": list(getattr(self.trainer, "plot_paths", []) or []),
             "sync_history": list(getattr(self.trainer.sampler, "sync_history", [])),
             "param_checksum": _checksum(self.trainer.model),
+            "entropy_control": self.trainer.entropy_bonus.state_dict() if self.trainer.entropy_bonus is not None else None,
         }
 
     def progress(self) -> dict[str, int]:

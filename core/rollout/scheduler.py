@@ -54,19 +54,23 @@ class _AwaitableDict(dict):  # type: ignore[type-arg]
         yield  # pragma: no cover - makes this a generator
 
 
+def _already_started(trajectories: Any) -> bool:
+    """Whether the driver already started every one of ``trajectories`` in this rollout."""
+    started = STARTED.get()
+    return bool(started) and bool(trajectories) and all(getattr(t, "uuid", None) in started for t in trajectories)
+
+
 def _once_per_trajectory(fn: Any) -> Any:
     """Wrap a subclass's ``on_trajectory_start`` so that a call from inside ``run`` for trajectories
     the driver already started is a no-op: ms-swift 4.x's ``MultiTurnScheduler.run`` starts its own
     request, and a ``run`` copied from it must not reset an environment twice."""
 
-    def skip(trajectories: Any) -> bool:
-        started = STARTED.get()
-        return bool(started) and bool(trajectories) and all(getattr(t, "uuid", None) in started for t in trajectories)
-
+    # the check lives at module level: a subclass pickled by value (a Ray worker's copy of a
+    # scheduler defined in a script) then pickles it by reference, not the ContextVar it reads
     if inspect.iscoroutinefunction(fn):
         @functools.wraps(fn)
         async def wrapper_async(self: Any, trajectories: Any, *args: Any, **kwargs: Any) -> Any:
-            if skip(trajectories):
+            if _already_started(trajectories):
                 return None
             return await fn(self, trajectories, *args, **kwargs)
 
@@ -74,7 +78,7 @@ def _once_per_trajectory(fn: Any) -> Any:
     else:
         @functools.wraps(fn)
         def wrapper_sync(self: Any, trajectories: Any, *args: Any, **kwargs: Any) -> Any:
-            if skip(trajectories):
+            if _already_started(trajectories):
                 return _Noop()
             return fn(self, trajectories, *args, **kwargs)
 

@@ -12,6 +12,11 @@ from typing import Any, Iterable, Mapping, Union
 
 from ..types import Completion, SamplingParams
 
+#: set on an lm_head cast to float32 (``cast_lm_head_to_fp32``): its logits are computed in float32,
+#: by the trainer's logprobs (rlcore.algorithms.logprobs) and by the hf sampler's fused decode alike;
+#: defined here, the lowest layer that reads it
+FP32_HEAD = "rlcore_fp32_head"
+
 WeightsLike = Union[Mapping[str, Any], Iterable[tuple[str, Any]]]
 
 

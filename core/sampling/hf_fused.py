@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..algorithms.logprobs import FP32_HEAD
+from .base import FP32_HEAD
 
 #: model types whose decoder layer is exactly: RMSNorm, q/k/v projections (+ per-head q/k RMSNorm for
 #: qwen3), rotate-half RoPE, attention, o_proj, residual, RMSNorm, SiLU-gated MLP, residual

@@ -257,24 +257,6 @@ def test_rlcore_train_distributed_ray_cli(cluster, tmp_path, capsys):
     assert [x["step"] for x in lines] == [1, 2] and all("sync/seconds" in x for x in lines)
 
 
-async def test_killed_sampler_worker_recovers_then_fails_clearly(cluster):
-    """Documented behaviour: a dead sampler's trajectories move to the survivors; with none left,
-    generation fails fast with WorkerFailedError (the trajectories end failed, nothing hangs)."""
-    _, placed, pool = cluster
-    sched = RecordingScheduler(pool, max_turns=2, sampling_params=SamplingParams(max_tokens=3))
-    ray.kill(placed.actors[1], no_restart=True)
-    result = await run_rollouts(sched, _prompts(pool.tokenizer, 2), num_generations=2, progress=False)
-    assert all(t.status in ("ok", "truncated") for t in result.trajectories), [t.reason for t in result.trajectories]
-    assert pool.alive_workers == [0] and 1 in pool.dead
-    ray.kill(placed.actors[0], no_restart=True)
-    t0 = time.perf_counter()
-    result = await run_rollouts(sched, _prompts(pool.tokenizer, 1), num_generations=2, progress=False)
-    assert time.perf_counter() - t0 < 30
-    assert all(t.status == "failed" and "sampler workers are dead" in t.reason for t in result.trajectories)
-    with pytest.raises(WorkerFailedError, match="all 2 sampler workers are dead"):
-        await pool.generate([1, 2, 3], SamplingParams(max_tokens=2))
-
-
 def test_adaptive_entropy_moves_on_the_world_mean_across_trainer_ranks(cluster, tiny_model_dir, tmp_path):
     """Two data-parallel trainers see different prompts (so different entropies) yet measure one
     world-mean entropy at every optimizer step and hold the same adaptive coefficient (TRL
@@ -293,3 +275,22 @@ def test_adaptive_entropy_moves_on_the_world_mean_across_trainer_ranks(cluster, 
     assert 0 < ctrl[0]["last_world_entropy"] == ctrl[1]["last_world_entropy"]
     sums = [r["param_checksum"] for r in result.ranks]
     assert sums[0] == pytest.approx(sums[1], rel=0, abs=1e-9)
+
+
+async def test_killed_sampler_worker_recovers_then_fails_clearly(cluster):
+    """Documented behaviour: a dead sampler's trajectories move to the survivors; with none left,
+    generation fails fast with WorkerFailedError (the trajectories end failed, nothing hangs).
+    Keep this test last in the file: it kills the module's shared sampler workers."""
+    _, placed, pool = cluster
+    sched = RecordingScheduler(pool, max_turns=2, sampling_params=SamplingParams(max_tokens=3))
+    ray.kill(placed.actors[1], no_restart=True)
+    result = await run_rollouts(sched, _prompts(pool.tokenizer, 2), num_generations=2, progress=False)
+    assert all(t.status in ("ok", "truncated") for t in result.trajectories), [t.reason for t in result.trajectories]
+    assert pool.alive_workers == [0] and 1 in pool.dead
+    ray.kill(placed.actors[0], no_restart=True)
+    t0 = time.perf_counter()
+    result = await run_rollouts(sched, _prompts(pool.tokenizer, 1), num_generations=2, progress=False)
+    assert time.perf_counter() - t0 < 30
+    assert all(t.status == "failed" and "sampler workers are dead" in t.reason for t in result.trajectories)
+    with pytest.raises(WorkerFailedError, match="all 2 sampler workers are dead"):
+        await pool.generate([1, 2, 3], SamplingParams(max_tokens=2))

@@ -35,26 +35,13 @@ from rlcore.rollout import encode_prompt, run_rollouts
 from rlcore.rollout.options import plugin_options
 from rlcore.rollout.scheduler import build_scheduler
 from rlcore.sampling.base import Sampler
-from rlcore.testing import ScriptedSampler
+from rlcore.testing import THINK_DROPPING_TEMPLATE, ScriptedSampler
 from rlcore.types import Completion, Prompt, SamplingParams, Trajectory
 
 PARAMS = SamplingParams(max_tokens=24)
 
 # --- tokenizers ---------------------------------------------------------------------------------------
 
-#: ChatML, except that assistant messages before the last user message lose their <think> block and
-#: the last assistant message is rendered with its thinking: what Qwen3-style templates do.
-THINK_DROPPING_TEMPLATE = (
-    "{% set ns = namespace(last_user=-1) %}"
-    "{% for m in messages %}{% if m['role'] == 'user' %}{% set ns.last_user = loop.index0 %}{% endif %}{% endfor %}"
-    "{% for message in messages %}"
-    "{% set content = message['content'] %}"
-    "{% if message['role'] == 'assistant' and loop.index0 < ns.last_user and '</think>' in content %}"
-    "{% set content = content.split('</think>')[-1].lstrip() %}{% endif %}"
-    "<|im_start|>{{ message['role'] }}\n{{ content }}<|im_end|>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 
 
 @pytest.fixture(scope="module")

@@ -34,24 +34,12 @@ import pytest
 
 from rlcore import Env, MultiTurnScheduler
 from rlcore.rollout import RolloutOutput, build_scheduler, check_batch, encode_prompt, remove_response, run_rollouts
-from rlcore.testing import ScriptedSampler
+from rlcore.testing import THINK_DROPPING_TEMPLATE, ScriptedSampler
 from rlcore.types import Completion, Prompt, SamplingParams, Trajectory
 
 PARAMS = SamplingParams(max_tokens=24)
 
 
-#: ChatML whose earlier assistant messages lose their <think> block, as Qwen3-style templates do
-THINK_DROPPING_TEMPLATE = (
-    "{% set ns = namespace(last_user=-1) %}"
-    "{% for m in messages %}{% if m['role'] == 'user' %}{% set ns.last_user = loop.index0 %}{% endif %}{% endfor %}"
-    "{% for message in messages %}"
-    "{% set content = message['content'] %}"
-    "{% if message['role'] == 'assistant' and loop.index0 < ns.last_user and '</think>' in content %}"
-    "{% set content = content.split('</think>')[-1].lstrip() %}{% endif %}"
-    "<|im_start|>{{ message['role'] }}\n{{ content }}<|im_end|>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 
 MOVES = ("LEFT", "DOWN", "RIGHT", "UP")
 #: the shortest way over gymnasium's default 4x4 FrozenLake map (is_slippery=False)

@@ -3,11 +3,11 @@
 from pathlib import Path
 from typing import Any
 
-from .checks import assert_token_exact
+from .checks import THINK_DROPPING_TEMPLATE, assert_token_exact
 from .scripted import ScriptedSampler, fake_logprob
 from ..demo import ARCHS, SIZES, build_model_dir, build_tokenizer, load_tiny, tiny_model_path
 
-__all__ = ["ARCHS", "SIZES", "ScriptedSampler", "assert_token_exact", "fake_logprob", "build_model_dir", "build_tokenizer",
+__all__ = ["ARCHS", "SIZES", "THINK_DROPPING_TEMPLATE", "ScriptedSampler", "assert_token_exact", "fake_logprob", "build_model_dir", "build_tokenizer",
            "load_script", "load_tiny", "tiny_model_path"]
 
 

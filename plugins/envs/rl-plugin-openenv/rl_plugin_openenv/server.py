@@ -86,6 +86,24 @@ def wait_until_up(base_url: str, timeout: float = 30.0) -> None:
     raise TimeoutError(f"OpenEnv server at {base_url} did not come up within {timeout:.0f}s")
 
 
+def active_sessions(url: str) -> int:
+    """Sessions the server at ``url`` (this package's) holds open now (``GET /capacity``)."""
+    import httpx
+
+    return int(httpx.get(url.rstrip("/") + "/capacity", timeout=5.0).json()["active_sessions"])
+
+
+async def sessions_settle(url: str, n: int = 0, timeout: float = 5.0) -> int:
+    """Sessions close asynchronously on the server: poll until ``url`` holds ``n`` of them (or
+    ``timeout`` seconds pass) and return the count then — for tests that check nothing leaks."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and active_sessions(url) != n:
+        await asyncio.sleep(0.02)
+    return active_sessions(url)
+
+
 class ServerThread:
     """A real uvicorn server in a background thread of this process: ``with ServerThread(...) as url``.
 

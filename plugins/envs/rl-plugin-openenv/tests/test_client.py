@@ -5,13 +5,12 @@ from __future__ import annotations
 import asyncio
 import time
 
-import httpx
 import pytest
 from rlcore.errors import EnvError
 
 from rl_plugin_openenv.client import ActionRejected, ClientOptions, ClientStats, OpenEnvSession
 from rl_plugin_openenv.limiter import SessionLimiter, server_capacity
-from rl_plugin_openenv.server import ServerThread
+from rl_plugin_openenv.server import ServerThread, active_sessions, sessions_settle
 
 from rl_plugin_openenv.testing import ServerProcess
 
@@ -26,16 +25,6 @@ def slow_server():
         yield url
 
 
-def active(url: str) -> int:
-    return int(httpx.get(url + "/capacity").json()["active_sessions"])
-
-
-async def wait_active(url: str, n: int, timeout: float = 5.0) -> int:
-    """Sessions close asynchronously on the server: poll until the count settles at ``n``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and active(url) != n:
-        await asyncio.sleep(0.02)
-    return active(url)
 
 
 async def test_episode_reset_step_state_close(server):
@@ -47,10 +36,10 @@ async def test_episode_reset_step_state_close(server):
     win = await session.step({"message": "then 30"})
     assert win.reward == 1.0 and win.done
     assert (await session.state())["step_count"] == 2
-    assert await wait_active(server, 1) == 1
+    assert await sessions_settle(server, 1) == 1
     await session.close()
     await session.close()  # idempotent
-    assert await wait_active(server, 0) == 0
+    assert await sessions_settle(server, 0) == 0
     assert session.stats.sessions_opened == session.stats.sessions_closed == 1
 
 
@@ -80,7 +69,7 @@ async def test_capacity_reached_retries_then_fails_with_reason(server):
     assert waiter.stats.capacity_retries >= 1
     for s in (holders[1], waiter):
         await s.close()
-    assert await wait_active(server, 0) == 0
+    assert await sessions_settle(server, 0) == 0
 
 
 async def test_limiter_queues_instead_of_tripping_capacity(server):
@@ -124,7 +113,7 @@ async def test_timeout_drops_socket_and_next_call_is_not_desynchronised(slow_ser
     fresh = await session.reset(target=7, max_attempts=3)
     assert fresh.observation["attempts_left"] == 3 and fresh.reward == 0.0  # a reset reply, not the late step's
     await session.close()
-    assert await wait_active(slow_server, 0) == 0
+    assert await sessions_settle(slow_server, 0) == 0
 
 
 async def test_cancelled_call_drops_the_socket(slow_server):
@@ -134,7 +123,7 @@ async def test_cancelled_call_drops_the_socket(slow_server):
         await asyncio.wait_for(session.step({"guess": 1}), 0.1)
     assert not session.is_open
     await session.close()
-    assert await wait_active(slow_server, 0) == 0
+    assert await sessions_settle(slow_server, 0) == 0
 
 
 async def test_server_killed_mid_step_then_restarted():
@@ -181,7 +170,7 @@ async def test_close_finishes_even_when_the_caller_is_cancelled(server):
     with pytest.raises(asyncio.CancelledError):
         await closing
     assert not session.is_open
-    assert await wait_active(server, 0) == 0  # the shielded close still ended the server session
+    assert await sessions_settle(server, 0) == 0  # the shielded close still ended the server session
 
 
 async def test_steps_of_many_sessions_overlap_and_sessions_share_one_server_worker():
@@ -200,4 +189,4 @@ async def test_steps_of_many_sessions_overlap_and_sessions_share_one_server_work
         await asyncio.gather(*(s.close() for s in sessions))
         assert all("too low" in r.observation["text"] for r in replies)
         assert 0.3 <= wall < 1.5, f"16 concurrent 0.3 s steps took {wall:.2f}s: the server serialised them"
-        assert await wait_active(url, 0) == 0
+        assert await sessions_settle(url, 0) == 0

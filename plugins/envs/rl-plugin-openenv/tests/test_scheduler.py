@@ -6,7 +6,6 @@ import asyncio
 import json
 import re
 
-import httpx
 import pytest
 import rlcore
 from rlcore.rollout import run_rollouts
@@ -14,7 +13,7 @@ from rlcore.testing import ScriptedSampler
 from rlcore.types import Prompt, SamplingParams
 
 from rl_plugin_openenv.scheduler import OpenEnvScheduler
-from rl_plugin_openenv.server import ServerThread, free_port
+from rl_plugin_openenv.server import ServerThread, active_sessions, free_port, sessions_settle
 from rl_plugin_openenv.testing import ServerProcess
 
 
@@ -34,16 +33,6 @@ def bisect(prompt_ids, params, index, *, tokenizer) -> str:
     return json.dumps({"guess": (low + high) // 2})
 
 
-def active(url: str) -> int:
-    return int(httpx.get(url + "/capacity").json()["active_sessions"])
-
-
-async def settled(url: str) -> int:
-    for _ in range(100):
-        if active(url) == 0:
-            return 0
-        await asyncio.sleep(0.02)
-    return active(url)
 
 
 def make(sampler, tokenizer, **options) -> OpenEnvScheduler:
@@ -71,7 +60,7 @@ async def test_scripted_player_wins_and_gets_the_reward(server, tokenizer):
         result.trajectories,
     )
     assert rewards["openenv_reward"] == [1.0] * 6
-    assert await settled(server) == 0
+    assert await sessions_settle(server) == 0
     m = sched.metrics()
     assert m["openenv/sessions_opened"] == m["openenv/sessions_closed"] == 6
 
@@ -103,7 +92,7 @@ async def test_malformed_action_is_shown_to_the_model_or_fails(server, tokenizer
     strict = make(ScriptedSampler(replies, tokenizer=tokenizer), tokenizer, env_url=server, invalid_action="fail")
     (t,) = (await run_rollouts(strict, rows(1), sampling_params=SamplingParams(max_tokens=32), progress=False)).trajectories
     assert t.status == "failed" and "VALIDATION_ERROR" in t.reason and "\n" not in t.reason
-    assert await settled(server) == 0
+    assert await sessions_settle(server) == 0
 
 
 async def test_more_trajectories_than_server_sessions_queue(tokenizer):

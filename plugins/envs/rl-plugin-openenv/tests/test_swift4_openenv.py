@@ -18,8 +18,8 @@ import json
 import re
 from typing import Any
 
-import httpx
 
+from rl_plugin_openenv.server import active_sessions, sessions_settle
 from rl_plugin_openenv.swift_compat import OpenEnvWrapper
 from rlcore import MultiTurnScheduler, SamplingParams
 from rlcore.rollout import build_scheduler, run_rollouts
@@ -118,16 +118,6 @@ def bisect(tok: Any):
     return respond
 
 
-def active(url: str) -> int:
-    return int(httpx.get(url + "/capacity").json()["active_sessions"])
-
-
-async def settled(url: str) -> int:
-    for _ in range(100):
-        if active(url) == 0:
-            return 0
-        await asyncio.sleep(0.02)
-    return active(url)
 
 
 async def test_openenv_scheduler_plays_to_the_end(server: str, tokenizer: Any) -> None:
@@ -140,7 +130,7 @@ async def test_openenv_scheduler_plays_to_the_end(server: str, tokenizer: Any) -
         assert t.step_rewards[-1] == 1.0 and t.infos["total_reward"] == 1.0 and t.infos["gym_done"] is True
         assert t.num_turns == len(t.step_rewards) > 1
     assert_token_exact(res.trajectories, tokenizer)
-    assert await settled(server) == 0  # each episode ended done, which closed its session
+    assert await sessions_settle(server) == 0  # each episode ended done, which closed its session
 
 
 async def test_episodes_cut_by_max_turns_keep_their_session_open(server: str, tokenizer: Any) -> None:
@@ -152,10 +142,10 @@ async def test_episodes_cut_by_max_turns_keep_their_session_open(server: str, to
     res = await run_rollouts(sched, rows(server, 2), sampling_params=PARAMS, progress=False)
     assert all(t.num_turns == 2 and t.infos["gym_done"] is False for t in res.trajectories)
     assert_token_exact(res.trajectories, tokenizer)
-    assert active(server) == 2
+    assert active_sessions(server) == 2
     for t in res.trajectories:
         await sched.end_session(t.uuid)
-    assert await settled(server) == 0
+    assert await sessions_settle(server) == 0
 
     class ClosesEveryPath(GuessingScheduler):
         async def on_trajectory_end(self, trajectory):
@@ -163,7 +153,7 @@ async def test_episodes_cut_by_max_turns_keep_their_session_open(server: str, to
 
     sched = build_scheduler(ClosesEveryPath, s, tokenizer, max_turns=2)
     await run_rollouts(sched, rows(server, 2), sampling_params=PARAMS, progress=False)
-    assert await settled(server) == 0
+    assert await sessions_settle(server) == 0
 
 
 async def test_on_the_tiny_model(server: str, tokenizer: Any, tiny_hf_sampler: Any) -> None:
@@ -173,4 +163,4 @@ async def test_on_the_tiny_model(server: str, tokenizer: Any, tiny_hf_sampler: A
     assert_token_exact(res.trajectories, tokenizer)
     for t in res.trajectories:
         await sched.end_session(t.uuid)
-    assert await settled(server) == 0
+    assert await sessions_settle(server) == 0

@@ -35,7 +35,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from .plugins import get as get_component
 from .algorithms.advantages import AdvantageStats, group_indices
 from .algorithms.entropy import EntropyBonus
-from .algorithms.losses import LossConfig
+from .algorithms.losses import TOKEN_NORMALISED, LossConfig
 from .asyncutil import run_sync
 from .errors import ConfigError, RewardFunctionError
 from .plugins import RunHooks
@@ -59,7 +59,9 @@ from .training.components import (
 )
 from .training.agents import environment_reward_types, environment_rewards, placeholder_rows, trl_agent_options
 from .training.config import GRPOConfig, check_values, validate_components
-from .training.data_parallel import all_sum, mean_over_ranks, weighted_mean_over_ranks, whole_batch, world
+from .training.data_parallel import (
+    all_sum, mean_over_ranks, sum_over_ranks, weighted_mean_over_ranks, whole_batch, world,
+)
 from .training.model_options import cast_lm_head_to_fp32, router_aux
 from .training.prompts import PromptCursor, as_rows, check_columns, make_prompt
 from .training.health import RunHealth
@@ -71,17 +73,6 @@ from .types import Batch, Trajectory
 __all__ = ["GRPOConfig", "GRPOTrainer", "high_entropy_mask"]
 
 logger = logging.getLogger(__name__)
-
-
-def _world_sum(t: torch.Tensor) -> torch.Tensor:
-    """``t`` summed over every data-parallel process (accelerate/torchrun and Ray trainer groups
-    alike: both run in the default torch.distributed group); ``t`` itself in one process."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        t = t.clone()
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t
 
 
 def _is_tokenizer(obj: Any) -> bool:
@@ -125,10 +116,6 @@ class _StepCounter(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> int:
         return i
-
-
-#: losses normalised by active tokens (a batch's value is its tokens' mean); the others by sequences
-TOKEN_NORMALISED_LOSSES = ("dapo", "cispo", "vespo", "bnpo")
 
 
 class GRPOTrainer(Trainer):
@@ -394,9 +381,7 @@ class GRPOTrainer(Trainer):
         if not isinstance(stats, AdvantageStats):
             stats = AdvantageStats(groups=len(group_indices(groups)))
         self.whole_advantages = advantage_list(adv)
-        if len(whole.trajectories) != len(trajs):
-            adv = whole.local(self.whole_advantages)
-        return adv, columns, stats
+        return whole.local(self.whole_advantages), columns, stats
 
     def _check_reward_failures(self, n: int) -> None:
         """A reward that raised on every sample stops the run (chained to its first exception, so
@@ -554,8 +539,9 @@ class GRPOTrainer(Trainer):
                 metrics[k] = sum(v) / len(v) if v else float("nan")
             self._pending_reward_metrics = {}
             adv_list = advantage_list(adv)
-            if a.log_completions:
-                self._log_completions(trajs, adv_list, prefix)
+            if a.log_completions:  # every rank's eval completions, as in training
+                self._log_completions(self.whole_batch.trajectories, self.whole_advantages, prefix,
+                                      extras_from=self.whole_batch.start)
             self._pending_reward_extras = {}
             forward: dict[str, float] = {}
             weights: dict[str, float] = {}
@@ -570,7 +556,7 @@ class GRPOTrainer(Trainer):
                 # value is a mean over (token-normalised losses: tokens; per-sequence ones: sequences)
                 sequences = float(batch.completion_mask.shape[0])  # per-sequence losses average over every row
                 weights = {k: tokens for k in forward}
-                if a.loss_type not in TOKEN_NORMALISED_LOSSES:
+                if a.loss_type not in TOKEN_NORMALISED:
                     weights["loss"] = sequences
             metrics.update(weighted_mean_over_ranks(forward, weights))
             metrics["num_tokens"] = float(self.state.num_input_tokens_seen)
@@ -650,7 +636,7 @@ class GRPOTrainer(Trainer):
         bonus = self.entropy_bonus
         if bonus is None or not self.model.training or not self.accelerator.sync_gradients:
             return
-        bonus.step(reduce=_world_sum)
+        bonus.step(reduce=sum_over_ranks)  # the world-mean entropy (every rank alike)
         self._train_metrics.add({"entropy_coef": bonus.coef})
 
     # --- logging -----------------------------------------------------------------------------------

@@ -138,6 +138,11 @@ def loss_options(args: Any, loss: Any = None) -> dict[str, Any]:
     return out
 
 
+#: losses whose batch value is a mean over active tokens (bnpo's own, or TRL's generation-batch
+#: normaliser); the others average over sequences — what decides how ranks' values combine
+TOKEN_NORMALISED = ("bnpo", "dapo", "cispo", "vespo")
+
+
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     if x.shape[-1] == 1 and mask.shape[-1] != 1:
         rows = mask.sum(-1) > 0

@@ -32,6 +32,7 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_utils import get_last_checkpoint
 
+from .gguf import resolve_model
 from .plugins import get as get_component
 from .algorithms.advantages import AdvantageStats, group_indices
 from .algorithms.entropy import EntropyBonus
@@ -184,6 +185,7 @@ class GRPOTrainer(Trainer):
         self.agent = trl_agent_options(args, tools, environment_factory, rollout_func, scheduler)
 
         # --- model, tokenizer, components (after every cheap check) ----------------------------
+        model = resolve_model(model)  # a .gguf file: its converted float32 directory, for every part of the run
         tokenizer = load_tokenizer(model, processing_class)
         set_chat_template_kwargs(tokenizer, args.chat_template_kwargs)  # every render of the policy's conversations
         model = apply_peft(load_model(model, args, quantization_config), args, peft_config)

@@ -21,7 +21,7 @@ CORE = REPO / "core"
 #: lowest first; a module's layer is the one of its longest matching prefix (docs/concepts.md "Layers")
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("rlcore.errors", "rlcore.types", "rlcore.asyncutil", "rlcore.bounded", "rlcore.bounded_worker",
-                    "rlcore.hookspecs", "rlcore.envs", "rlcore.chat_template", "rlcore.protocols")),
+                    "rlcore.hookspecs", "rlcore.envs", "rlcore.chat_template", "rlcore.protocols", "rlcore.gguf")),
     ("registry", ("rlcore.plugins",)),
     ("sampling", ("rlcore.sampling",)),
     ("rollout", ("rlcore.rollout",)),

@@ -55,6 +55,8 @@ def start_samplers(
     if tokenizer is None:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(str(model))
+        from ..gguf import resolve_model
+
+        tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(str(model))))
     pool = RemoteSampler(placed.actors, tokenizer, timeout_s=config.worker_timeout_s)
     return placed, pool

@@ -24,6 +24,7 @@ from ..algorithms.losses import LossConfig
 from ..algorithms.losses import loss_options as resolve_loss_options
 from ..protocols import declared_options
 from ..errors import ConfigError
+from ..gguf import resolve_model
 from ..plugins import get as get_component
 from ..types import Batch, Trajectory
 from ..weights import base_model, export_weights, is_peft_model, sampler_accepts_lora
@@ -116,6 +117,8 @@ class Policy:
         unknown = sorted(set(loss_options) - known)
         if unknown:
             raise ConfigError(f"Policy got unknown options: {', '.join(unknown)}; loss knobs are {', '.join(sorted(known))}")
+        if isinstance(model, (str, os.PathLike)):
+            model = resolve_model(str(model))  # a .gguf file: its converted float32 directory
         self.tokenizer = load_tokenizer(model, tokenizer)
         if isinstance(model, (str, os.PathLike)):
             from transformers import AutoModelForCausalLM

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..chat_template import check_vocabulary
 from ..errors import ConfigError, SamplerError
+from ..gguf import resolve_model
 from ..types import Completion, SamplingParams
 from .base import Sampler, WeightsLike
 from .batcher import BatchHandle, MicroBatcher
@@ -109,6 +110,8 @@ class HFSampler(Sampler):
         if decode not in ("auto", "static", "dynamic"):
             raise ConfigError(f"hf sampler decode must be auto, static or dynamic, got {decode!r}")
         self.owns_model = isinstance(model, (str, os.PathLike))
+        model = resolve_model(model)  # a .gguf file: its converted float32 directory
+        tokenizer = resolve_model(tokenizer)
         if self.owns_model:
             self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
             self.model = _load_model(str(model), self.device, dtype)

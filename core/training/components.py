@@ -11,6 +11,7 @@ from typing import Any, Callable, Sequence
 from ..plugins import get as get_component
 from ..chat_template import check_vocabulary
 from ..errors import ConfigError, MissingDependencyError
+from ..gguf import is_gguf, resolve_model
 from ..rewards import Reward, as_reward
 from ..rollout.options import factory_parameters, json_object
 from ..rollout.scheduler import build_scheduler
@@ -25,6 +26,7 @@ def load_model(model: Any, args: GRPOConfig, quantization_config: Any = None) ->
     if isinstance(model, str):
         from transformers import AutoModelForCausalLM
 
+        model = resolve_model(model)  # a .gguf file: its converted float32 directory
         kwargs: dict[str, Any] = {"dtype": "auto", **(args.model_init_kwargs or {})}
         kwargs.setdefault("trust_remote_code", args.trust_remote_code)
         if quantization_config is not None:
@@ -62,6 +64,10 @@ def check_model_dir(path: str) -> None:
     import os
 
     path = os.path.expanduser(str(path))
+    if is_gguf(path):
+        if not os.path.isfile(path):
+            raise ConfigError(f"GGUF file {path} does not exist; pass an existing .gguf file, a model directory or a Hugging Face id")
+        return
     saved = ("config.json", "adapter_config.json")  # a model, or a LoRA adapter (transformers loads its base)
     if os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, name)) for name in saved):
         raise ConfigError(f"model directory {path} has no config.json (nor adapter_config.json), so it is not a saved "
@@ -83,6 +89,7 @@ def from_pretrained(loader: Any, path: Any, what: str, **kwargs: Any) -> Any:
     """``loader.from_pretrained(path)`` with the failures a user causes (a path that is not a model,
     a hub id that is neither cached nor reachable) as one :class:`ConfigError` line naming it."""
     check_model_dir(path)
+    path = resolve_model(path)
     try:
         return loader.from_pretrained(path, **kwargs)
     except (OSError, ValueError) as exc:

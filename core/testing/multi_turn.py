@@ -1,0 +1,121 @@
+"""Checks for multi-turn rollouts with a real model, independent of the rollout engine's own code.
+
+:func:`rlcore.testing.assert_token_exact` holds a trajectory to the invariant checker and to the
+template's rendering of its final messages. These checks look at the pieces instead, each computed
+here from the tokenizer and its chat template alone:
+
+* :func:`assert_observations_are_template_deltas`: every loss-mask-0 turn after an assistant turn
+  is exactly the chat template's delta for the message(s) it introduces (render the conversation
+  with and without them, take the suffix), preceded only by the closing of the assistant message
+  the model did not sample (``<|im_end|>\\n`` after a stop string, ``\\n`` after the eos), encoded
+  as is, with loss mask 0 and no logprobs;
+* :class:`RecordingSampler` + :func:`assert_sampled_tokens_kept`: every trained turn holds exactly
+  the token ids and logprobs the sampler returned for exactly the tokens that precede it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from ..chat_template import decode, render
+from ..sampling.base import Sampler
+from ..types import Completion, SamplingParams
+
+
+class RecordingSampler(Sampler):
+    """Passes every call to ``inner`` and records ``(prompt_ids, completion)``: what the model was
+    given and what it returned, to compare with what a trajectory trains on. Not a mock: the
+    completions are ``inner``'s own."""
+
+    name = "recording"
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.tokenizer = getattr(inner, "tokenizer", None)
+        self.records: list[tuple[list[int], Completion]] = []
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        completion = await self.inner.generate(list(prompt_ids), params)
+        self.records.append((list(prompt_ids), Completion(list(completion.token_ids),
+                                                          None if completion.logprobs is None else list(completion.logprobs),
+                                                          completion.finish_reason, completion.text)))
+        return completion
+
+    async def close(self) -> None:  # the caller owns ``inner``
+        pass
+
+
+def assert_sampled_tokens_kept(trajectory: Any, records: Sequence[tuple[list[int], Completion]]) -> int:
+    """Every trained (mask 1) turn of ``trajectory`` is a completion of ``records`` verbatim — ids,
+    logprobs, finish reason — sampled from exactly the tokens before that turn. Returns how many."""
+    by_prompt: dict[tuple[int, ...], list[Completion]] = {}
+    for prompt, completion in records:
+        by_prompt.setdefault(tuple(prompt), []).append(completion)
+    ids = list(trajectory.prompt_ids)
+    n = 0
+    for i, turn in enumerate(trajectory.turns):
+        if any(turn.loss_mask):
+            assert set(turn.loss_mask) == {1}, f"turn {i} mixes trained and untrained tokens: {turn.loss_mask}"
+            given = by_prompt.get(tuple(ids))
+            assert given, f"turn {i}: the sampler was never called with the {len(ids)} tokens that precede it"
+            assert any(c.token_ids == turn.token_ids for c in given), (
+                f"turn {i} trains on {turn.token_ids}, the sampler returned {[c.token_ids for c in given]}")
+            done = next(c for c in given if c.token_ids == turn.token_ids)
+            if done.logprobs is not None:
+                assert turn.logprobs == done.logprobs, f"turn {i}: logprobs differ from the sampler's"
+                assert all(lp is not None and math.isfinite(lp) for lp in turn.logprobs)
+            assert turn.finish_reason == done.finish_reason
+            n += 1
+        ids += list(turn.token_ids)
+    return n
+
+
+def assert_observations_are_template_deltas(trajectory: Any, tokenizer: Any, tools: list[dict[str, Any]] | None = None,
+                                            roles: Sequence[str] = ("user", "tool")) -> int:
+    """Every loss-mask-0 turn that follows an assistant turn is the template's delta for the new
+    message(s) it stands for, after the closing the sampled tokens lack. Returns how many were checked.
+
+    The messages an observation introduces are found from the text alone: the first ``k`` messages
+    after the assistant message that the tokens have closed (``render(messages[:j+k], gen=True)``
+    equals the decoded tokens through the observation)."""
+    messages = trajectory.messages
+    ids = list(trajectory.prompt_ids)
+    checked = 0
+    # the assistant message the tokens are in: the prompt renders messages[:n_prompt]
+    n_prompt = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), len(messages))
+    seen = n_prompt  # messages already represented by the tokens (the open assistant one counts once sampled)
+    for i, turn in enumerate(trajectory.turns):
+        if any(turn.loss_mask):
+            ids += list(turn.token_ids)
+            if seen < len(messages) and messages[seen].get("role") == "assistant":
+                seen += 1
+            continue
+        before = decode(tokenizer, ids)
+        assert seen >= 1 and messages[seen - 1].get("role") == "assistant", (
+            f"turn {i} (mask 0) does not follow an assistant message")
+        without = render(tokenizer, messages[:seen], tools=tools)
+        assert without.startswith(before), (f"turn {i}: the tokens before it do not spell messages[:{seen}] "
+                                            f"up to the assistant closing: {before[-80:]!r} vs {without[-80:]!r}")
+        closing = without[len(before):]
+        assert closing in ("", "\n", tokenizer.eos_token + "\n"), f"turn {i}: unexpected missing closing {closing!r}"
+        text = decode(tokenizer, turn.token_ids)
+        k = 0
+        while True:
+            k += 1
+            assert seen + k <= len(messages), f"turn {i}: no run of messages after message {seen - 1} renders as {text!r}"
+            with_new = render(tokenizer, messages[:seen + k], tools=tools, add_generation_prompt=True)
+            assert with_new.startswith(without), f"turn {i}: the template is not prefix-preserving here"
+            delta = with_new[len(without):]
+            if closing + delta == text:
+                break
+            assert messages[seen + k - 1].get("role") in roles and len(closing + delta) < len(text), (
+                f"turn {i}: its text {text!r} is not the template's delta {closing + delta!r}")
+        assert list(turn.token_ids) == list(tokenizer.encode(closing + delta, add_special_tokens=False)), (
+            f"turn {i}: its tokens are not the encoding of the template's delta")
+        assert set(turn.loss_mask) == {0} and all(lp is None for lp in turn.logprobs), f"turn {i}: an observation is trained"
+        assert all(m.get("role") in roles for m in messages[seen:seen + k])
+        ids += list(turn.token_ids)
+        seen += k
+        checked += 1
+    return checked

@@ -1,0 +1,75 @@
+"""``frozen_lake`` episodes (gymnasium's real ``FrozenLake-v1``, firm ice) played by the real
+pretrained SmolLM2-135M-Instruct through the ``hf`` sampler.
+
+The env's reset gives a system message (the rules), so SmolLM2's template renders it instead of
+its injected default; replies are English words cut at the first whitespace by a stop string,
+which with a 49k byte-level BPE lands inside a merged token (``"Move"`` + ``" DOWN"``). Held here:
+every episode runs several turns (no first move reaches the goal or a hole on the 4×4 map), the
+invariant checker and an independent rendering agree with the tokens, each observation is the
+template's delta with loss mask 0, each trained turn is exactly what the sampler returned, and
+the trainer's forward over the tokens reproduces the sampler's logprobs.
+
+Shapes are small (4 episodes, 3 turns, at most 6 tokens a turn).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import rlcore
+from rlcore.asyncutil import run_sync
+from rlcore.chat_template import decode, encode_prompt, render
+from rlcore.rollout import check_batch, run_rollouts
+from rlcore.testing import assert_token_exact
+from rlcore.testing.multi_turn import RecordingSampler, assert_observations_are_template_deltas, assert_sampled_tokens_kept
+from rlcore.types import Prompt, SamplingParams
+
+MAX_TURNS = 3
+
+
+@pytest.fixture(scope="module")
+def hf_sampler(smollm2_dir):
+    sampler = rlcore.get("sampler", "hf")(smollm2_dir, seed=0, batch_window_ms=20)
+    yield sampler
+    run_sync(sampler.close())
+
+
+async def test_real_model_frozen_lake_episodes_are_token_exact(hf_sampler, smollm2_tokenizer):
+    tok = smollm2_tokenizer
+    sampler = RecordingSampler(hf_sampler)
+    sched = rlcore.get("scheduler", "gym_scheduler")(sampler, tokenizer=tok, env="frozen_lake", max_turns=MAX_TURNS,
+                                                     stop=[" ", "\n"], stop_on_truncation=False)
+    prompts = [Prompt([], [], data={"env_config": {"seed": i}}) for i in range(2)]
+    result = await run_rollouts(sched, prompts, num_generations=2,
+                                sampling_params=SamplingParams(max_tokens=6, temperature=1.0), progress=False)
+    await sched.close()
+    trajs = result.trajectories
+    assert result.stats["failed"] == 0, result.stats["failure_reasons"]
+    assert check_batch(trajs, tok) == []
+    assert_token_exact(trajs, tok)
+
+    for t in trajs:
+        assert t.infos["reset_info"]["gym_id"] == "FrozenLake-v1"
+        assert t.num_turns >= 2, (t.num_turns, t.messages)
+        # the env's system message replaces SmolLM2's injected default, in the messages and in the tokens
+        assert [m["role"] for m in t.messages[:2]] == ["system", "user"]
+        assert t.prompt_ids == encode_prompt(tok, t.messages[:2])
+        assert decode(tok, t.prompt_ids) == render(tok, t.messages[:2], add_generation_prompt=True)
+        assert "SmolLM" not in decode(tok, t.prompt_ids)
+        assert assert_observations_are_template_deltas(t, tok) == t.num_turns - 1
+        assert assert_sampled_tokens_kept(t, sampler.records) == t.num_turns
+        assert len(t.step_rewards) == t.num_turns
+        assert [e["turn"] for e in t.infos["env_trace"]] == list(range(1, t.num_turns + 1))
+
+    model = hf_sampler.model
+    for t in trajs:
+        ids = torch.tensor([t.input_ids])
+        with torch.no_grad():
+            logps = torch.log_softmax(model(input_ids=ids).logits.float(), dim=-1)
+        p = len(t.prompt_ids)
+        rescored = logps[0, p - 1:-1].gather(-1, ids[0, p:].unsqueeze(-1)).squeeze(-1)
+        mask = torch.tensor(t.loss_mask, dtype=torch.bool)
+        sampled = torch.tensor([lp if m else 0.0 for lp, m in zip(t.logprobs, t.loss_mask)])
+        assert mask.sum() > 0 and t.logprobs_complete
+        torch.testing.assert_close(rescored[mask], sampled[mask], atol=1e-4, rtol=0)

@@ -72,28 +72,53 @@ class TokenStream:
         Taken from the tokens, not ``completion.text``, so special tokens such as ``<tool_call>``
         survive and the text always agrees with what the trajectory holds.
         """
+        return tk.decode(self.tokenizer, self._text_ids(completion))
+
+    def _text_ids(self, completion: Completion) -> list[int]:
         ids = list(completion.token_ids)
         special = set(getattr(self.tokenizer, "all_special_ids", []) or [])
         if ids and ids[-1] in special and completion.finish_reason != "length":
             ids = ids[:-1]
-        return tk.decode(self.tokenizer, ids)
+        return ids
+
+    def _rejoin(self, trajectory: Trajectory, completion: Completion, content: str) -> tuple[str, str]:
+        """(the open message's text before this sample, this sample's text): normally its synced text
+        and ``content``. A character a byte-level BPE spells with several tokens (an emoji) can be
+        split between the previous sample, cut by max_tokens, and this one: each decodes alone to
+        replacement characters, so the text is the message's tokens decoded together and the split
+        character belongs to this sample."""
+        base = str(self.synced[-1].get("content") or "")
+        if not base.endswith("\ufffd"):
+            return base, content
+        before = [t for turn in trajectory.turns[self.gen_start:] for t in turn.token_ids]
+        if not before or tk.decode(self.tokenizer, before) != base:
+            return base, content
+        whole = tk.decode(self.tokenizer, before + self._text_ids(completion))
+        k = 0
+        while k < min(len(base), len(whole)) and base[k] == whole[k]:
+            k += 1
+        return base[:k], whole[k:]
 
     def record_sample(self, trajectory: Trajectory, completion: Completion, *, update_messages: bool = True) -> str:
         """Append the sampled turn; add/extend the assistant message. Returns the message text."""
         content = self.content_of(completion)
+        continues = self.open and bool(self.synced) and self.synced[-1].get("role") == "assistant"
+        kept = ""
+        if continues:
+            kept, content = self._rejoin(trajectory, completion, content)
         completion.text = content
         if not self.open:
             self.gen_start = len(trajectory.turns)
         turn = Turn.sampled(completion)
         trajectory.turns.append(turn)
         self.last_sample = turn
-        if self.open and self.synced and self.synced[-1].get("role") == "assistant":
+        if continues:
             self.base_content = str(self.synced[-1].get("content") or "")
-            self.synced[-1]["content"] = self.base_content + content
+            self.synced[-1]["content"] = kept + content
             if update_messages and trajectory.messages and trajectory.messages[-1].get("role") == "assistant":
                 prev = trajectory.messages[-1].get("content")
-                if token_backed_ids(prev) is not None:  # checked and decoded by sync: its text is the synced one
-                    prev = self.base_content
+                if token_backed_ids(prev) is not None or prev == self.base_content:  # its text is the synced one
+                    prev = kept
                 trajectory.messages[-1]["content"] = str(prev or "") + content
         else:
             self.base_content = ""

@@ -207,6 +207,25 @@ def build_plan(argv: Sequence[str]) -> TrainPlan:
         values["reward_weights"] = [given_weights.get(n, 1.0) for n in values["reward_funcs"]]
     if values.get("output_dir") is None:
         values["output_dir"] = "rlcore-output"
+    from .training import checkpoint as ckpt
+
+    def named(key: str) -> bool:
+        """Whether the user set ``key`` (a flag, either spelling, or the config file)."""
+        flags = (f"--{key}", f"--{key.replace('_', '-')}")
+        return key in file_values or any(a.split("=")[0] in flags for a in rest)
+
+    # before anything loads or is written: a resume names a checkpoint that exists and is this run's
+    resume = ckpt.resolve_resume(values.get("resume_from_checkpoint"), str(values["output_dir"]))
+    values["resume_from_checkpoint"] = resume
+    save_named = [k for k in ("save_steps", "save_total_limit", "save_only_model") if named(k)]
+    if str(getattr(values.get("save_strategy"), "value", values.get("save_strategy"))).lower() == "no" \
+            and not named("save_strategy"):
+        if save_named:  # --save-steps 2 under a recipe that saves nothing: the user asked for checkpoints
+            values["save_strategy"] = "steps"
+        elif resume:  # a resumed run keeps saving as the run it continues did
+            saved_every = _saved_every(resume)
+            if saved_every:
+                values["save_strategy"], values["save_steps"] = "steps", saved_every
     try:
         args = GRPOConfig(**values)
     except (ValueError, TypeError) as exc:
@@ -215,12 +234,9 @@ def build_plan(argv: Sequence[str]) -> TrainPlan:
         raise ConfigError(str(exc).splitlines()[0]) from None
     validate_components(args)
     if not args.resume_from_checkpoint:  # before the model loads: never train into another run's directory
-        from .training.checkpoint import check_fresh_output_dir, next_free_dir
-
-        named = "output_dir" in file_values or any(a.split("=")[0] in ("--output_dir", "--output-dir") for a in rest)
-        if not named and not args.overwrite_output_dir:
-            args.output_dir = next_free_dir(args.output_dir)  # the default dir is taken: rlcore-output/digits-2 …
-        check_fresh_output_dir(args.output_dir, args.overwrite_output_dir)
+        if not named("output_dir") and not args.overwrite_output_dir:
+            args.output_dir = ckpt.next_free_dir(args.output_dir)  # the default dir is taken: rlcore-output/digits-2 …
+        ckpt.check_fresh_output_dir(args.output_dir, args.overwrite_output_dir)
     component_options = _plugin_options(args, leftover, plugin_from_file)
     if embedded is not None and embedded.scheduler_options:
         # the task's scheduler options sit under everything the user said (flags, file, env_options)
@@ -257,6 +273,17 @@ def build_plan(argv: Sequence[str]) -> TrainPlan:
     check_reward_columns([(n, get("reward", n)) for n in args.reward_funcs or []], rows, f"dataset {task}")
     return TrainPlan(args, os.path.expanduser(model), rows, task, script.get("prompt_column"),
                      script.get("system_prompt"), component_options, _task_description(embedded, args))
+
+
+def _saved_every(checkpoint_dir: str) -> int:
+    """The ``save_steps`` of the run that wrote a checkpoint when it saved by steps, else 0."""
+    import json
+
+    try:
+        with open(os.path.join(checkpoint_dir, "trainer_state.json"), encoding="utf-8") as f:
+            return max(0, int(json.load(f).get("save_steps") or 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0
 
 
 def _task_description(embedded: Any, args: Any) -> str:
@@ -369,10 +396,7 @@ def run_plan(plan: TrainPlan) -> Any:
                           system_prompt=plan.system_prompt)
     interrupted = False
     try:
-        resume: Any = args.resume_from_checkpoint or None
-        if isinstance(resume, str) and resume.lower() in ("true", "latest", "last"):
-            resume = True
-        trainer.train(resume_from_checkpoint=resume)
+        trainer.train(resume_from_checkpoint=args.resume_from_checkpoint or None)  # a checked path (build_plan)
     except KeyboardInterrupt:
         interrupted = True
     if not interrupted and args.save_strategy != "no":
@@ -396,8 +420,30 @@ def _header(console: Any, plan: TrainPlan) -> None:
         f"{a.max_completion_length} tokens max{' per turn' if a.max_turns and a.max_turns > 1 else ''} · "
         f"{'up to ' + str(a.max_turns) + ' turns · ' if a.max_turns and a.max_turns > 1 else ''}{a.max_steps if a.max_steps > 0 else 'epochs: ' + str(a.num_train_epochs)} steps",
         f"[bold]output[/]    {a.output_dir}",
+        f"[bold]saves[/]     {_saves(a)}",
+        *([f"[bold]resumes[/]   from {a.resume_from_checkpoint} (step {_resume_step(a)})"] if a.resume_from_checkpoint else []),
     ]
     console.print(Panel("\n".join(lines), title="rlcore train", expand=False))
+
+
+def _saves(a: Any) -> str:
+    """What the run will checkpoint, for the header (a run that saves nothing cannot be resumed)."""
+    strategy = str(getattr(a.save_strategy, "value", a.save_strategy))
+    if strategy == "no":
+        return "no checkpoints (--save-steps N saves every N steps, so the run can be resumed)"
+    steps = float(a.save_steps)
+    every = (f"every {strategy}" if strategy != "steps" else f"every {steps:.0%} of the run" if steps < 1
+             else "every step" if steps == 1 else f"every {steps:g} steps")
+    keep = f", keeps the last {a.save_total_limit}" if a.save_total_limit else ""
+    only = ", model only (no optimizer state: not resumable)" if a.save_only_model else ""
+    return f"a checkpoint {every} ({a.output_dir}/checkpoint-N{keep}{only})"
+
+
+def _resume_step(a: Any) -> str:
+    from .training.checkpoint import checkpoint_step
+
+    step = checkpoint_step(a.resume_from_checkpoint)
+    return f"{step} of {a.max_steps}" if a.max_steps and a.max_steps > 0 else str(step)
 
 
 def _first_last(values: list[float]) -> tuple[float, float]:

@@ -30,7 +30,6 @@ from typing import Any, Sequence
 import torch
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
-from transformers.trainer_utils import get_last_checkpoint
 
 from .gguf import resolve_model
 from .plugins import get as get_component
@@ -679,9 +678,8 @@ class GRPOTrainer(Trainer):
         path = None
         if resume_from_checkpoint:
             ckpt.clean_incomplete(self.args.output_dir)
-            path = get_last_checkpoint(self.args.output_dir) if resume_from_checkpoint is True else str(resume_from_checkpoint)
-            if path is None:
-                raise ConfigError(f"no checkpoint to resume from in {self.args.output_dir}")
+            # a missing or foreign checkpoint is one line here, before anything is written
+            path = ckpt.resolve_resume(resume_from_checkpoint, self.args.output_dir)
             self._load_rlcore_state(path)
         elif self.args.should_save:  # a fresh run never writes into another run's directory (the main process checks)
             ckpt.check_fresh_output_dir(self.args.output_dir, self.args.overwrite_output_dir)
@@ -696,6 +694,22 @@ class GRPOTrainer(Trainer):
                 self.progress_callback.stop()
             if self.args.plots and self.args.should_save:
                 self.plot_paths = write_plots(self.args.output_dir)
+
+    def _issue_warnings_after_load(self, load_result: Any) -> None:
+        """A tied head (``lm_head.weight`` is ``embed_tokens.weight``) is not written into a checkpoint,
+        and transformers then warned ``There were missing keys in the checkpoint model loaded:
+        ['lm_head.weight']`` on every resume of such a model, though nothing was missing. Parameters
+        that share their tensor with a loaded one are left out of the warning (and re-tied)."""
+        model = self.accelerator.unwrap_model(self.model)
+        missing = set(load_result.missing_keys)
+        names: dict[int, list[str]] = {}
+        for name, p in model.named_parameters(remove_duplicate=False):
+            names.setdefault(id(p), []).append(name)
+        tied = {n for group in names.values() if not set(group) <= missing for n in group if n in missing}
+        if tied and hasattr(load_result, "_replace"):
+            model.tie_weights()
+            load_result = load_result._replace(missing_keys=[k for k in load_result.missing_keys if k not in tied])
+        super()._issue_warnings_after_load(load_result)
 
     def _load_rlcore_state(self, path: str) -> None:
         state, buffer = ckpt.read_state(path)

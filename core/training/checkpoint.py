@@ -221,3 +221,62 @@ def check_owner(checkpoint_dir: str, state: dict[str, Any], output_dir: str) -> 
             "resume that run in its own output_dir, or start a fresh run in another --output_dir"
         )
     return ckpt_id
+
+
+#: ``--resume_from_checkpoint`` values that mean "the newest checkpoint of output_dir" / "no resume"
+RESUME_LATEST = ("true", "latest", "last")
+RESUME_NONE = ("", "false", "no", "none")
+
+
+def checkpoints_in(output_dir: str) -> list[str]:
+    """The ``checkpoint-N`` directories of ``output_dir``, oldest first."""
+    return [n for n in run_artefacts(output_dir) if _CHECKPOINT_RE.match(n)]
+
+
+def checkpoint_step(checkpoint_dir: str) -> int:
+    """The step a checkpoint was saved at (its trainer state, else its name)."""
+    try:
+        with open(os.path.join(checkpoint_dir, "trainer_state.json"), encoding="utf-8") as f:
+            return int(json.load(f).get("global_step", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        tail = os.path.basename(os.path.normpath(checkpoint_dir)).rpartition("-")[2]
+        return int(tail) if tail.isdigit() else 0
+
+
+def resolve_resume(resume: Any, output_dir: str) -> str | None:
+    """The checkpoint directory a resume continues from, checked before anything is loaded or written.
+
+    ``True`` / ``"true"`` / ``"latest"`` / ``"last"``: the newest ``checkpoint-N`` of ``output_dir``;
+    a path: it must be a directory a run saved (``trainer_state.json``) and, when ``output_dir``
+    holds a run, written by that run (:func:`check_owner`). Why here and not in ``Trainer.train``:
+    a mistyped path used to raise transformers' ``Can't find a valid checkpoint`` after the model
+    loaded — and after ``rlcore_run.json`` was written, so the next fresh run into that directory
+    was refused. ``None`` (or ``"false"``) means no resume."""
+    if resume is None or resume is False or (isinstance(resume, str) and resume.strip().lower() in RESUME_NONE):
+        return None
+    found = checkpoints_in(output_dir)
+    if resume is True or (isinstance(resume, str) and resume.strip().lower() in RESUME_LATEST):
+        if not found:
+            where = "it does not exist" if not os.path.isdir(output_dir) else "it holds no checkpoint-N directory"
+            raise ConfigError(
+                f"no checkpoint to resume from in {output_dir} ({where}); name the run's --output_dir, or drop "
+                "--resume_from_checkpoint to start a fresh run"
+            )
+        return os.path.join(output_dir, found[-1])
+    path = os.path.expanduser(str(resume))
+    if not os.path.exists(path):
+        have = f"; {output_dir} has {', '.join(found[-3:])}" if found else ""
+        raise ConfigError(f"no such checkpoint: {path}{have} — pass a checkpoint-N directory a run saved, "
+                          "or --resume_from_checkpoint true for the newest one in --output_dir")
+    if not os.path.isfile(os.path.join(path, "trainer_state.json")):
+        raise ConfigError(f"{path} is not a checkpoint (no trainer_state.json); pass a checkpoint-N directory a run saved")
+    state_path = os.path.join(path, STATE_FILE)
+    state: dict[str, Any] = {}
+    if os.path.exists(state_path):
+        try:
+            with open(state_path, encoding="utf-8") as f:
+                state = dict(json.load(f))
+        except (OSError, ValueError, TypeError):
+            raise ConfigError(f"{state_path} is unreadable; resume from another checkpoint") from None
+    check_owner(path, state, output_dir)
+    return path

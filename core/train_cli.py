@@ -55,6 +55,8 @@ def train_command(ctx: click.Context) -> None:
     distributed, argv = split_distributed_flags(argv)
     plan = build_plan(argv)
     if distributed is not None:
+        for note in plan.notes:
+            click.echo(f"⚠ {note}", err=True)
         apply_component_options(plan.args, plan.component_options)  # here, so distributed.cli needs nothing of this module
         run_distributed_plan(plan, distributed)
         return
@@ -165,6 +167,7 @@ class TrainPlan:
     system_prompt: str | None
     component_options: dict[str, dict[str, Any]]
     task_description: str = ""
+    notes: list[str] = dataclasses.field(default_factory=list)  # settings changed on the way, said in the header
 
 
 def build_plan(argv: Sequence[str]) -> TrainPlan:
@@ -226,6 +229,7 @@ def build_plan(argv: Sequence[str]) -> TrainPlan:
             saved_every = _saved_every(resume)
             if saved_every:
                 values["save_strategy"], values["save_steps"] = "steps", saved_every
+    notes = _bf16_fallback(values)
     try:
         args = GRPOConfig(**values)
     except (ValueError, TypeError) as exc:
@@ -272,7 +276,25 @@ def build_plan(argv: Sequence[str]) -> TrainPlan:
 
     check_reward_columns([(n, get("reward", n)) for n in args.reward_funcs or []], rows, f"dataset {task}")
     return TrainPlan(args, os.path.expanduser(model), rows, task, script.get("prompt_column"),
-                     script.get("system_prompt"), component_options, _task_description(embedded, args))
+                     script.get("system_prompt"), component_options, _task_description(embedded, args), notes)
+
+
+def _bf16_fallback(values: dict[str, Any]) -> list[str]:
+    """bf16 asked for (the GPU recipes' ``bf16: true``) where no device supports it: off, with a note.
+
+    Why: transformers stops with ``Your setup doesn't support bf16/gpu. You need to assign use_cpu …``,
+    which names neither the flag nor the fix, so the GSM8K config could not even be tried on a CPU."""
+    asked = [k for k in ("bf16", "bf16_full_eval") if str(values.get(k)).lower() in ("true", "1")]
+    if not asked or str(values.get("use_cpu")).lower() in ("true", "1"):
+        return []
+    from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_available
+
+    if is_torch_bf16_gpu_available() or is_torch_xla_available():
+        return []
+    for k in asked:
+        values[k] = False
+    return [f"{' and '.join(asked)} is on, but this machine has no GPU that supports bf16: training in float32 "
+            f"(pass {' '.join(f'--{k} false' for k in asked)} to say so)"]
 
 
 def _saved_every(checkpoint_dir: str) -> int:
@@ -424,6 +446,8 @@ def _header(console: Any, plan: TrainPlan) -> None:
         *([f"[bold]resumes[/]   from {a.resume_from_checkpoint} (step {_resume_step(a)})"] if a.resume_from_checkpoint else []),
     ]
     console.print(Panel("\n".join(lines), title="rlcore train", expand=False))
+    for note in plan.notes:
+        console.print(f"⚠ {note}", style="yellow", markup=False, highlight=False)
 
 
 def _saves(a: Any) -> str:

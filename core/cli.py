@@ -66,7 +66,8 @@ def components_command(kind: str | None, name: str | None) -> None:
         click.echo(f"{kind} {name!r} options: " + ("\n  " + "\n  ".join(lines) if lines else "none"))
         return
     for k in [kind] if kind else list(KINDS):
-        names = p.available(k)
+        aliases = p.aliases(k)  # a name the docs use (`vllm_server`) is listed beside the one it stands for
+        names = [n + (f" (alias {', '.join(aliases[n])})" if aliases.get(n) else "") for n in p.available(k)]
         click.echo(f"{k}: {', '.join(names) if names else '-'}")
 
 

@@ -259,6 +259,13 @@ class Plugins:
             raise UnknownComponentError(f"unknown component kind {kind!r}; kinds are: {', '.join(hookspecs.KINDS)}")
         return sorted(self.registry[kind])
 
+    def aliases(self, kind: str) -> dict[str, list[str]]:
+        """``{name: [alias, …]}`` for ``kind``'s components registered with aliases (``openai``: ``vllm_server``)."""
+        out: dict[str, list[str]] = {}
+        for alias, name in sorted(self._aliases.get(kind, {}).items()):
+            out.setdefault(name, []).append(alias)
+        return out
+
     def _unknown_message(self, kind: str, name: str) -> str:
         have = ", ".join(self.available(kind)) or "none"
         msg = f"no {kind} named {name!r}; available: {have}"

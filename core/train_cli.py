@@ -438,9 +438,10 @@ def _header(console: Any, plan: TrainPlan) -> None:
         f"[bold]task[/]      {plan.task} ({len(plan.rows)} prompts) · rewards: {', '.join(a.reward_funcs or [])}",
         *([f"[bold]about[/]     {plan.task_description}"] if plan.task_description else []),
         f"[bold]algorithm[/] loss {a.effective_loss_type} · advantage {a.advantage} · scheduler {a.scheduler} · sampler {a.sampler}",
-        f"[bold]batch[/]     {a.prompts_per_generation} prompts × {a.num_generations} generations · "
-        f"{a.max_completion_length} tokens max{' per turn' if a.max_turns and a.max_turns > 1 else ''} · "
-        f"{'up to ' + str(a.max_turns) + ' turns · ' if a.max_turns and a.max_turns > 1 else ''}{a.max_steps if a.max_steps > 0 else 'epochs: ' + str(a.num_train_epochs)} steps",
+        f"[bold]batch[/]     {_count(a.prompts_per_generation, 'prompt')} × {_count(a.num_generations, 'generation')} · "
+        f"{_count(a.max_completion_length, 'token')} max{' per turn' if a.max_turns and a.max_turns > 1 else ''} · "
+        f"{'up to ' + str(a.max_turns) + ' turns · ' if a.max_turns and a.max_turns > 1 else ''}"
+        f"{_count(a.max_steps, 'step') if a.max_steps > 0 else _count(a.num_train_epochs, 'epoch')}",
         f"[bold]output[/]    {a.output_dir}",
         f"[bold]saves[/]     {_saves(a)}",
         *([f"[bold]resumes[/]   from {a.resume_from_checkpoint} (step {_resume_step(a)})"] if a.resume_from_checkpoint else []),
@@ -448,6 +449,11 @@ def _header(console: Any, plan: TrainPlan) -> None:
     console.print(Panel("\n".join(lines), title="rlcore train", expand=False))
     for note in plan.notes:
         console.print(f"⚠ {note}", style="yellow", markup=False, highlight=False)
+
+
+def _count(n: Any, noun: str) -> str:
+    """``1 step``, ``2 steps``, ``1.5 epochs``."""
+    return f"{n:g} {noun}{'' if float(n) == 1 else 's'}" if isinstance(n, (int, float)) else f"{n} {noun}s"
 
 
 def _saves(a: Any) -> str:

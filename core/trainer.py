@@ -461,9 +461,13 @@ class GRPOTrainer(Trainer):
 
         view = trl_reward_inputs(reward_inputs(trajs))
         records = []
+        # a training batch is generated for the optimizer step about to run: the step the progress bar
+        # and metrics.jsonl give it (it printed `[step 0]` beside the bar's step 1); evaluation runs
+        # after a step and keeps that step's number
+        step = int(self.state.global_step) + (0 if prefix else 1)
         for i, t in enumerate(trajs):
             adv = advantages[i] if i < len(advantages) else None
-            rec: dict[str, Any] = {"step": int(self.state.global_step), "split": prefix or "train",
+            rec: dict[str, Any] = {"step": step, "split": prefix or "train",
                                    "prompt": view["prompts"][i], "completion": view["completions"][i],
                                    "rewards": dict(t.rewards), "reward": t.reward,
                                    "advantage": adv if not isinstance(adv, list) else (adv[0] if adv else None),

@@ -138,7 +138,13 @@ def apply_peft(model: Any, args: GRPOConfig, peft_config: Any = None) -> Any:
             target_modules=args.lora_target_modules or "all-linear",
             task_type="CAUSAL_LM",
         )
-    return get_peft_model(model, peft_config)
+    import warnings
+
+    with warnings.catch_warnings():
+        # peft reads transformers' deprecated `is_gradient_checkpointing`: a FutureWarning on every
+        # --use_peft run that no user can act on (peft's call, not theirs); only that one is silenced
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        return get_peft_model(model, peft_config)
 
 
 def reference_model(model: Any, args: GRPOConfig) -> Any:

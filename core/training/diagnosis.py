@@ -47,7 +47,7 @@ def diagnose(rows: Sequence[dict[str, Any]], args: Any = None, min_steps: int = 
     if len(rows) < max(1, min_steps):
         return []
     n = len(rows)
-    steps = "the step" if n == 1 else f"all {n} steps"
+    steps = "the one logged step" if n == 1 else f"all {n} steps"
     lines: list[str] = []
 
     errors = {k.split("/", 1)[1]: sum(_num(r, k) or 0.0 for r in rows)

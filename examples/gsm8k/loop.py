@@ -18,6 +18,7 @@ import json
 import os
 import random
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -87,6 +88,8 @@ def train(
 
     # seed: model = TransformersModel(model_id, ...) on the "model" group; set_loss('GRPOLoss', epsilon=0.2);
     #       set_optimizer('AdamW', lr=...)  — rlcore: a Policy (HF model + loss plugin + AdamW)
+    started = time.perf_counter()
+    progress(f"loading {model if isinstance(model, str) else type(model).__name__} …")
     policy = Policy(model, loss="grpo", epsilon=0.2, beta=0.0, learning_rate=learning_rate,
                     max_grad_norm=max_grad_norm, temperature=temperature, disable_dropout=False)
     # seed: sampler = Sampler(model_id, ...) on the "sampler" group — rlcore: the colocated hf sampler,
@@ -102,7 +105,12 @@ def train(
 
     history: list[dict[str, float]] = []
     cursor = 0
+    progress(f"loaded in {time.perf_counter() - started:.0f}s; {steps} steps of {prompts_per_step} prompts × "
+             f"{num_generations} completions (up to {max_tokens} tokens each)")
     for step in range(steps):
+        step_started = time.perf_counter()
+        progress(f"step {step + 1}/{steps}: sampling {prompts_per_step * num_generations} completions, then scoring "
+                 "and one optimizer step …")
         # seed: batch = next(dataloader)  (prompts_per_step questions)
         batch_rows = [rows[(cursor + i) % len(rows)] for i in range(prompts_per_step)]
         cursor += prompts_per_step
@@ -130,13 +138,20 @@ def train(
             values = [v for v in column if v is not None]
             metrics[f"rewards/{name}"] = sum(values) / len(values) if values else float("nan")
         metrics["step"] = step + 1
+        metrics["seconds"] = time.perf_counter() - step_started
         history.append(metrics)
         print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()
-                          if k in ("step", "loss", "reward", "grad_norm", "entropy")}))
+                          if k in ("step", "loss", "reward", "grad_norm", "entropy", "seconds")}), flush=True)
     if save_to:
         # seed: model.save(output_dir)
         policy.save(save_to)
     return history
+
+
+def progress(line: str) -> None:
+    """A progress line on stderr (stdout keeps one JSON line per step): on a CPU a real model's step
+    takes minutes, and the loop printed nothing until the first one ended."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+import time
 from typing import Any, Callable, Sequence
 
 import rlcore
@@ -57,6 +59,8 @@ def train(
     #       rlcore: everything in this process; initialize(mode="ray", groups=[...]) + remote_group= to place them
     initialize(mode="local")
     # seed: model = TransformersModel(model_id, remote_group='model'); model.set_loss('GRPOLoss'); set_optimizer(...)
+    started = time.perf_counter()
+    progress(f"loading {model if isinstance(model, str) else type(model).__name__} …")
     policy = Policy(model, loss="grpo", epsilon=0.2, beta=0.0, learning_rate=learning_rate)
     # seed: sampler = vLLMSampler(model_id, remote_group='sampler')  — here the colocated hf sampler
     sampler = make_sampler("hf", policy.model, policy.tokenizer, seed=seed)
@@ -73,7 +77,12 @@ def train(
 
     history: list[dict[str, float]] = []
     try:
+        progress(f"loaded in {time.perf_counter() - started:.0f}s; {steps} steps of {prompts_per_step} prompts × "
+                 f"{num_generations} episodes (up to {max_turns} turns of {max_tokens} tokens)")
         for step in range(steps):
+            step_started = time.perf_counter()
+            progress(f"step {step + 1}/{steps}: playing {prompts_per_step * num_generations} episodes, then scoring "
+                     "and one optimizer step …")
             # seed: batch = next(dataloader); trajectories = [Trajectory(messages=..., tools=EnvTools(...)) ...]
             batch_rows = [rows[(step * prompts_per_step + i) % len(rows)] for i in range(prompts_per_step)]
             prompts = make_prompts(batch_rows, policy.tokenizer)
@@ -92,15 +101,23 @@ def train(
             valid = [s for s in scores if s is not None]
             metrics.update(step=step + 1, reward=sum(valid) / len(valid) if valid else float("nan"),
                            num_turns=sum(t.num_turns for t in trajectories) / len(trajectories),
-                           failed=float(sum(t.status == "failed" for t in trajectories)))
+                           failed=float(sum(t.status == "failed" for t in trajectories)),
+                           seconds=time.perf_counter() - step_started)
             history.append(metrics)
             if on_step is not None:
                 on_step(step, trajectories, metrics)
             print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()
-                              if k in ("step", "loss", "reward", "num_turns", "failed", "grad_norm")}))
+                              if k in ("step", "loss", "reward", "num_turns", "failed", "grad_norm", "seconds")}),
+                  flush=True)
     finally:
         rollout.close()  # the env sessions
     return history
+
+
+def progress(line: str) -> None:
+    """A progress line on stderr (stdout keeps one JSON line per step): on a CPU a real model's step
+    takes minutes, and the loop printed nothing until the first one ended."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:

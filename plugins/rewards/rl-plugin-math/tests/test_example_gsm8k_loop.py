@@ -111,3 +111,20 @@ def test_the_loop_never_trains_on_generated_problems_without_saying_so(tmp_path:
     rows = example.load_gsm8k(limit=3)
     assert len(rows) == 3 and all(r["answer"].split("#### ")[-1].isdigit() for r in rows)
     assert "generated" in capsys.readouterr().err
+
+
+def test_the_loop_says_what_it_is_doing_before_each_step(tiny_model_dir: str, monkeypatch, capsys) -> None:
+    """On SmolLM2 on a CPU the loop printed nothing for 84 s (the model load and the first step):
+    now a line on stderr before the load and before each step; stdout keeps one JSON line per step."""
+    import json
+
+    monkeypatch.setenv("RLCORE_SHARED_DATA", "/nonexistent")  # generated problems: no data needed
+    example = _loop_module()
+    example.train(tiny_model_dir, example.load_gsm8k(limit=2), steps=1, prompts_per_step=1, num_generations=2,
+                  max_tokens=4, max_prompt_length=256)
+    captured = capsys.readouterr()
+    err = captured.err
+    assert f"loading {tiny_model_dir}" in err and "loaded in" in err
+    assert err.index("loaded in") < err.index("step 1/1: sampling 2 completions")
+    (line,) = [ln for ln in captured.out.splitlines() if ln.startswith("{")]
+    assert json.loads(line)["step"] == 1 and "seconds" in json.loads(line)

@@ -270,6 +270,9 @@ class Prompt:
     prompt_ids: list[int]
     data: dict[str, Any] = attrs.field(factory=dict)
     group_id: str = attrs.field(factory=_new_uuid)
+    #: leading tokens of the rendering rlcore cut (max_prompt_length): the only licence for
+    #: ``prompt_ids`` that are a suffix of the messages' rendering (trajectories: ``infos["prompt_truncated"]``)
+    truncated_tokens: int = 0
 
 
 @attrs.define

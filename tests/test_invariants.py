@@ -152,3 +152,43 @@ def test_the_trainer_checks_every_batch(tmp_path: Path, tiny_model_dir: str) -> 
     trajs = trainer.rollout(trainer._next_prompts())
     assert len(trajs) == 8
     assert all(t.status == "failed" and t.reason.startswith("invariant violated by scheduler KeepsEos") for t in trajs)
+
+
+# --- a prompt is a suffix of its rendering only where rlcore cut it (issue 29's prompt hole) ----------
+class PrependsSystem(MultiTurnScheduler):
+    """Prepends a system message in on_trajectory_start and leaves the row's prompt_ids (ms-swift's
+    GYMScheduler seeds its system prompt this way)."""
+
+    def on_trajectory_start(self, trajectories):
+        for t in trajectories:
+            t.messages.insert(0, {"role": "system", "content": "Answer in one word."})
+
+
+async def test_a_prepended_system_message_is_in_the_prompt_tokens(tok: Any) -> None:
+    # the tiny ChatML template injects no default system prompt, so the row's prompt tokens are a
+    # suffix of the new rendering: they used to be kept (the model never saw the system message)
+    msgs = [{"role": "user", "content": "hi"}]
+    sampler = ScriptedSampler(["yo"], tok)
+    res = await run_rollouts(PrependsSystem(sampler, max_turns=1), [Prompt(msgs, encode_prompt(tok, msgs))], progress=False)
+    (t,) = res.trajectories
+    want = encode_prompt(tok, [{"role": "system", "content": "Answer in one word."}, *msgs])
+    assert t.status == "ok" and t.prompt_ids == want and sampler.calls[0][0] == want
+    assert t.infos.get("prompt_reencoded") is True and check_batch([t], tok) == []
+
+
+async def test_a_suffix_prompt_is_sound_only_when_rlcore_truncated_it(tok: Any, tiny_model_dir: str) -> None:
+    from rlcore.training.prompts import make_prompt
+
+    (t,) = [copy.deepcopy(x) for x in (await sound(tok))[:1]]
+    t.messages.insert(0, {"role": "system", "content": "Answer in one word."})  # the tokens never had it
+    t.infos["prompt_messages"] = 2
+    assert [v.check for v in check_trajectory(t, tok)] == ["prompt"]
+    # a prompt rlcore cut to max_prompt_length keeps its last tokens, and that is recorded
+    row = {"prompt": [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "what is 2 + 2?"}]}
+    full = make_prompt(row, tok, has_prompt=True)
+    cut = make_prompt(row, tok, has_prompt=True, max_prompt_length=len(full.prompt_ids) - 3)
+    assert full.truncated_tokens == 0 and cut.truncated_tokens == 3 and cut.prompt_ids == full.prompt_ids[3:]
+    res = await run_rollouts(AskAgain(ScriptedSampler(["four"], tok), max_turns=1), [cut], progress=False)
+    (u,) = res.trajectories
+    assert u.status == "ok" and u.prompt_ids == cut.prompt_ids and u.infos["prompt_truncated"] == 3
+    assert check_batch([u], tok) == []

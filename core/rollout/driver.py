@@ -48,6 +48,7 @@ def make_trajectories(prompts: Iterable[Prompt], num_generations: int = 1) -> li
                     messages=[dict(m) for m in p.messages],
                     data=dict(p.data),
                     group_id=p.group_id,
+                    infos={"prompt_truncated": p.truncated_tokens} if getattr(p, "truncated_tokens", 0) else {},
                 )
             )
     return out

@@ -119,8 +119,9 @@ def check_trajectory(
         have_prompt = memo.get(key)
         if have_prompt is None:
             have_prompt = memo[key] = tk.decode(tokenizer, traj.prompt_ids)
-        # a prompt cut to max_prompt_length keeps its last tokens: a suffix of the rendering is sound
-        if not prompt_matches(tokenizer, traj.messages[:n_prompt], traj.prompt_ids, have_prompt, want_prompt):
+        # a prompt rlcore cut to max_prompt_length keeps its last tokens: then a suffix of the rendering is sound
+        if not prompt_matches(tokenizer, traj.messages[:n_prompt], traj.prompt_ids, have_prompt, want_prompt,
+                              truncated=bool(traj.infos.get("prompt_truncated"))):
             out.append(Violation(traj.uuid, "prompt",
                                  f"prompt_ids do not spell the prompt messages: {_diff(have_prompt, want_prompt)}", 0))
             return out
@@ -193,13 +194,17 @@ def fail_violations(trajectories: Iterable[Trajectory], violations: Iterable[Vio
     return n
 
 
-def prompt_matches(tokenizer: Any, messages: list[dict[str, Any]], prompt_ids: Sequence[int], have: str, want: str) -> bool:
+def prompt_matches(tokenizer: Any, messages: list[dict[str, Any]], prompt_ids: Sequence[int], have: str, want: str,
+                   *, truncated: bool = False) -> bool:
     """Whether prompt tokens (decoded: ``have``) stand for the prompt messages (rendered: ``want``).
 
-    Sound: the rendering, or its tail (left-truncated to max_prompt_length), or — TRL's *standard*
-    prompt, a plain-text ``prompt`` column tokenized without the chat template — exactly the text
-    of the single user message (special tokens such as a BOS aside)."""
-    if have and want.endswith(have):
+    Sound: the rendering, or its tail when rlcore left-truncated the prompt to max_prompt_length
+    (``truncated``: recorded where it cut, ``infos["prompt_truncated"]``; any other suffix is a
+    prompt whose messages were replaced or extended at the front, e.g. a system message a
+    scheduler prepended, which the tokens do not hold), or — TRL's *standard* prompt, a plain-text
+    ``prompt`` column tokenized without the chat template — exactly the text of the single user
+    message (special tokens such as a BOS aside)."""
+    if have and (want == have or (truncated and want.endswith(have))):
         return True
     if len(messages) == 1 and messages[0].get("role") == "user":
         content = str(messages[0].get("content") or "")

@@ -407,7 +407,8 @@ def sync_prompt(tokenizer: Any, trajectory: Trajectory, tools: list[dict[str, An
 
     want = tk.render(tokenizer, trajectory.messages, add_generation_prompt=True, tools=tools)
     have = tk.decode(tokenizer, trajectory.prompt_ids)
-    if prompt_matches(tokenizer, trajectory.messages, trajectory.prompt_ids, have, want):
+    if prompt_matches(tokenizer, trajectory.messages, trajectory.prompt_ids, have, want,
+                      truncated=bool(trajectory.infos.get("prompt_truncated"))):
         return
     trajectory.prompt_ids = tk.encode_text(tokenizer, want)
     trajectory.infos["prompt_reencoded"] = True

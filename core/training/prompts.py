@@ -70,6 +70,7 @@ def make_prompt(row: dict[str, Any], tokenizer: Any, has_prompt: bool, prompt_co
         p = row_to_prompt(row, tokenizer, prompt_column=prompt_column, system_prompt=system_prompt)
         p.data["prompt"] = _as_written(row, p.messages, prompt_column)
     if max_prompt_length and len(p.prompt_ids) > max_prompt_length:
+        p.truncated_tokens = len(p.prompt_ids) - max_prompt_length
         p.prompt_ids = p.prompt_ids[-max_prompt_length:]
     return p
 

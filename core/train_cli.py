@@ -45,8 +45,11 @@ def register(cli: Any) -> None:
 @click.pass_context
 def train_command(ctx: click.Context) -> None:
     """Train with GRPO. No arguments: the built-in tiny model learns the built-in task on the CPU.
-    `rlcore train --help` lists every flag."""
+    `rlcore train --help` shows the run options and the fields most runs set; `--help-all` every flag."""
     argv = list(ctx.args)
+    if "--help-all" in argv:
+        click.echo(help_text(full=True))
+        return
     if "-h" in argv or "--help" in argv:
         click.echo(help_text())
         return
@@ -79,15 +82,110 @@ def _parser() -> Any:
     return parser
 
 
-def help_text() -> str:
-    lines = [_parser().format_help(), "rlcore options:"]
-    for name, text in SCRIPT_FLAGS.items():
-        lines.append(f"  --{name.replace('_', '-')}  {text}")
+#: what ``rlcore train --help`` shows first: rlcore's run options and the GRPOConfig fields most runs
+#: set, grouped (``--help-all`` adds every other field). Entries: (flag, metavar, what).
+HELP_GROUPS: dict[str, list[tuple[str, str, str]]] = {
+    "model & data": [
+        ("model", "ID|DIR|FILE.gguf", SCRIPT_FLAGS["model"]),
+        ("dataset", "FILE|NAME|SOURCE:SPEC", SCRIPT_FLAGS["dataset"]),
+        ("prompt_column", "NAME", SCRIPT_FLAGS["prompt_column"]),
+        ("system_prompt", "TEXT", SCRIPT_FLAGS["system_prompt"]),
+        ("max_prompt_length", "N", "prompts longer than this keep their last N tokens"),
+    ],
+    "rewards": [
+        ("reward", "NAME[=WEIGHT]", SCRIPT_FLAGS["reward"]),
+        ("scale_rewards", "group|batch|none", "how advantages are scaled"),
+    ],
+    "generation": [
+        ("num_generations", "N", "completions per prompt (the group GRPO compares)"),
+        ("max_completion_length", "N", "most tokens sampled per completion (per assistant turn)"),
+        ("temperature", "T", "sampling temperature"),
+        ("scheduler", "NAME", "rollout scheduler: default, multi_turn, env_scheduler, a plugin's (`rlcore components scheduler`)"),
+        ("max_turns", "N", "turns per episode (multi-turn schedulers)"),
+        ("sampler", "NAME", "generation backend: hf, vllm, openai (alias vllm_server)"),
+    ],
+    "optimisation": [
+        ("learning_rate", "LR", "AdamW learning rate"),
+        ("loss_type", "NAME", "grpo, bnpo, dr_grpo, dapo, gspo, cispo, sapo, … (`rlcore components loss`)"),
+        ("beta", "B", "KL coefficient to the reference model (0: no reference model)"),
+        ("per_device_train_batch_size", "N", "completions per micro-batch"),
+        ("gradient_accumulation_steps", "N", "micro-batches per optimizer step"),
+        ("max_steps", "N", "optimizer steps to run (-1: num_train_epochs over the dataset)"),
+        ("use_peft", "BOOL", "train LoRA adapters instead of every weight"),
+        ("bf16", "BOOL", "bf16 mixed precision (default: on where a GPU supports it)"),
+    ],
+    "output": [
+        ("output_dir", "DIR", "where checkpoints, metrics.jsonl and plots go"),
+        ("save_steps", "N", "write a checkpoint every N steps (turns saving on)"),
+        ("resume_from_checkpoint", "true|DIR", "continue a run: its newest checkpoint (true) or the one named"),
+        ("log_completions", "BOOL", "append every prompt, completion and reward to OUTPUT_DIR/completions.jsonl"),
+        ("report_to", "NAME", "also log to wandb, tensorboard, …"),
+    ],
+}
+
+
+def _default_of(name: str) -> str:
+    """GRPOConfig's default of ``name``, and the built-in task's when its recipe sets another."""
+    from .tasks import DEFAULT_TRAIN_CONFIG
+    from .training.config import GRPOConfig
+
+    field = GRPOConfig.__dataclass_fields__.get(name)
+    if field is None:
+        return ""
+    value = field.default if field.default is not dataclasses.MISSING else None
+    value = getattr(value, "value", value)
+    shown = "" if value is None else f"default: {value}"
+    task = DEFAULT_TRAIN_CONFIG.get(name)
+    if task is not None and task != value and name != "output_dir":
+        shown += ("; " if shown else "") + f"built-in task: {task}"
+    return f" [{shown}]" if shown else ""
+
+
+def help_text(full: bool = False) -> str:
+    """``rlcore train --help``: the run options and the fields most runs set, grouped; ``full``
+    (``--help-all``) adds every GRPOConfig field. Why not argparse's help alone: it listed all
+    ~220 fields alphabetically over 1,000 lines, with ``--model`` and ``--dataset`` at line 1,058."""
+    from .training.config import GRPOConfig
+
+    n_fields = len(dataclasses.fields(GRPOConfig))
+    lines = [
+        "Usage: rlcore train [--config FILE] [--model M] [--dataset D] [--reward NAME ...] [--FIELD VALUE ...]",
+        "",
+        "  Train with GRPO. No arguments: the built-in tiny model learns the built-in digits task on the CPU.",
+        "  Every GRPOConfig field is a flag (--num-generations and --num_generations both work).",
+        "",
+        "run options:",
+    ]
+    width = 36
+
+    def entry(flag: str, text: str) -> str:
+        return f"{flag:<{width}}{text}" if len(flag) < width else f"{flag}\n{' ' * width}{text}"
+
+    lines.append(entry("  --config FILE", SCRIPT_FLAGS["config"]))
+    lines.append(entry("  --help-all", f"every flag: the options below, then all {n_fields} GRPOConfig fields"))
+    for group, entries in HELP_GROUPS.items():
+        lines += ["", f"{group}:"]
+        for name, metavar, text in entries:
+            flag = f"  --{name.replace('_', '-') if name in SCRIPT_FLAGS else name} {metavar}"
+            lines.append(entry(flag, text + _default_of(name)))
+    shown = {name for entries in HELP_GROUPS.values() for name, _, _ in entries}
+    rest = [name for name in SCRIPT_FLAGS if name not in shown and name != "config"]
+    lines += ["", "more rlcore options:"]
+    for name in rest:
+        lines.append(entry(f"  --{name.replace('_', '-')} VALUE", SCRIPT_FLAGS[name]))
     lines.append("  component options: any --flag the run's scheduler, sampler, env, loss, advantage estimator or reward\n"
-                 "  class declares (e.g. --env-url, --max-env-calls, gigpo's --gamma); see `rlcore components KIND`")
+                 "  class declares (e.g. --env-url, --max-env-calls, gigpo's --gamma); see `rlcore components KIND NAME`")
     from .distributed.cli import help_lines
 
-    lines.extend(help_lines())
+    lines += [""] + help_lines()
+    if not full:
+        lines += ["", f"The other {n_fields - len(shown & set(GRPOConfig.__dataclass_fields__))} GRPOConfig fields "
+                      "(losses, clipping, KL, vLLM, evaluation, checkpoints, logging …): rlcore train --help-all"]
+        return "\n".join(lines) + "\n"
+    every = _parser().format_help()
+    every = every[every.find("\n\n") + 2:] if "\n\n" in every else every  # argparse's 200-line usage block left out
+    every = every.replace("options:\n", "", 1).replace("  -h, --help            show this help message and exit\n", "", 1)
+    lines += ["", f"every GRPOConfig field ({n_fields}):", every]
     return "\n".join(lines) + "\n"
 
 

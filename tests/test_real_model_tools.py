@@ -62,6 +62,7 @@ def hf_sampler(smollm2_dir: str) -> Any:
     run_sync(sampler.close())
 
 
+@pytest.mark.filterwarnings("ignore:the chat template .* does not render tool schemas")  # its own test below
 async def test_real_template_tool_conversation_is_token_exact(hf_sampler: Any, smollm2_tokenizer: Any) -> None:
     tok = smollm2_tokenizer
     messages = [{"role": "user", "content": QUESTION}]
@@ -120,3 +121,18 @@ async def test_real_template_tool_conversation_is_token_exact(hf_sampler: Any, s
         sampled = torch.tensor([lp if m else 0.0 for lp, m in zip(t.logprobs, t.loss_mask)])
         assert real.sum() > 0
         torch.testing.assert_close(rescored[real], sampled[real], atol=1e-4, rtol=0)
+
+
+def test_a_template_that_ignores_tools_is_named(smollm2_dir: str, tiny_tokenizer: Any) -> None:
+    """SmolLM2's template has no ``tools`` block: tool schemas passed to it vanish from the prompt,
+    and a tool run would train a model never told its tools. The tool scheduler says so, once."""
+    from transformers import AutoTokenizer
+
+    from rlcore.rollout.tools import warn_if_tools_not_rendered
+
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)  # a fresh tokenizer: the warning is once per tokenizer
+    sched = ToolScheduler(None, tokenizer=tok, max_turns=2)
+    with pytest.warns(UserWarning, match=r"does not render tool schemas: the model is never shown the tools \(calculator\)"):
+        sched.on_trajectory_start([])
+    assert warn_if_tools_not_rendered(tok, sched.tool_schemas) is True
+    assert warn_if_tools_not_rendered(tiny_tokenizer, sched.tool_schemas) is False  # the tiny ChatML renders them

@@ -16,6 +16,8 @@ import inspect
 import json
 import operator
 import re
+import warnings
+import weakref
 from typing import Any, Callable
 
 import attrs
@@ -24,7 +26,7 @@ from ..asyncutil import to_thread_if_sync
 from ..bounded import DEFAULT_TIMEOUT
 from ..types import Completion, Trajectory
 from .scheduler import MultiTurnScheduler
-from ..chat_template import encode_prompt
+from ..chat_template import ChatTemplateError, encode_prompt, render
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 #: A tool's answer longer than this is cut (the model's context is the limit that matters).
@@ -283,6 +285,37 @@ def calculator(expression: str) -> str:
     return str(int(value) if isinstance(value, float) and value.is_integer() else value)
 
 
+def warn_if_tools_not_rendered(tokenizer: Any, tools: list[dict[str, Any]] | None) -> bool:
+    """Warn (once per tokenizer) when its chat template ignores ``tools``: the prompt then never
+    tells the model which tools exist or how to call them (SmolLM2's template, Llama 2's, …).
+    Returns whether the template ignores them."""
+    if not tools:
+        return False
+    try:
+        if tokenizer in _TOOLS_CHECKED:
+            return _TOOLS_CHECKED[tokenizer]
+    except TypeError:  # not weak-referenceable: check every time
+        pass
+    probe = [{"role": "user", "content": "x"}]
+    try:
+        ignored = render(tokenizer, probe, tools=tools) == render(tokenizer, probe)
+    except ChatTemplateError:
+        return False
+    try:
+        _TOOLS_CHECKED[tokenizer] = ignored
+    except TypeError:
+        pass
+    if ignored:
+        names = ", ".join(str((t.get("function") or t).get("name", "?")) for t in tools if isinstance(t, dict))
+        warnings.warn(f"the chat template of {getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__} does not "
+                      f"render tool schemas: the model is never shown the tools ({names}) or how to call them; describe "
+                      "them in a system message or use a template that renders `tools`", UserWarning, stacklevel=2)
+    return ignored
+
+
+_TOOLS_CHECKED: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+
+
 class ToolScheduler(MultiTurnScheduler):
     """Runs the model's tool calls and feeds back the results until it stops calling tools.
 
@@ -308,6 +341,7 @@ class ToolScheduler(MultiTurnScheduler):
         for t in trajectories:
             if t.status == "running" and t.messages:
                 t.prompt_ids = encode_prompt(tok, t.messages, tools=self.template_tools)
+        warn_if_tools_not_rendered(tok, self.template_tools)
 
     def check_finished(self, infer_request: Trajectory, response_choice: Completion, current_turn: int) -> bool:
         if super().check_finished(infer_request, response_choice, current_turn):

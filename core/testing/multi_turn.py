@@ -119,3 +119,24 @@ def assert_observations_are_template_deltas(trajectory: Any, tokenizer: Any, too
         seen += k
         checked += 1
     return checked
+
+
+def trainer_logprobs(trajectories: Sequence[Any], model: Any, pad_token_id: int) -> list[list[float | None]]:
+    """Per trajectory, the logprob of each completion token (``None`` where the loss mask is 0) as
+    the trainer computes it: the trajectories packed into one :class:`~rlcore.Batch` (right padding,
+    observation tokens inside the completion) and scored by
+    :func:`rlcore.algorithms.logprobs.completion_logprobs`, the function the losses use."""
+    import torch
+
+    from ..algorithms.logprobs import completion_logprobs
+    from ..types import Batch
+
+    batch = Batch.from_trajectories(list(trajectories), [0.0] * len(trajectories), pad_token_id=pad_token_id)
+    with torch.no_grad():
+        logps, _ = completion_logprobs(model, batch.input_ids, batch.attention_mask, batch.completion_mask)
+    out = []
+    for i, t in enumerate(trajectories):
+        p = len(t.prompt_ids)
+        row = logps[i, p:p + len(t.loss_mask)].tolist()
+        out.append([lp if m else None for lp, m in zip(row, t.loss_mask)])
+    return out

@@ -7,8 +7,8 @@ boundary (a reply cut at the first whitespace by a stop string ends inside a mer
 a user message, and English replies rather than numbers (most guesses are "I could not find a
 number" observations). Held here: every episode runs several turns, the invariant checker and an
 independent rendering agree with the tokens, each observation is the template's delta with loss
-mask 0, each trained turn is what the sampler returned, and the trainer's forward over the tokens
-reproduces the sampler's logprobs.
+mask 0, each trained turn is what the sampler returned, and the trainer's scoring of the packed
+batch reproduces the sampler's logprobs.
 
 Shapes are small (4 episodes, 3 turns, at most 8 tokens a turn).
 """
@@ -16,13 +16,13 @@ Shapes are small (4 episodes, 3 turns, at most 8 tokens a turn).
 from __future__ import annotations
 
 import pytest
-import torch
 
 import rlcore
 from rlcore.chat_template import decode, encode_prompt, render
 from rlcore.rollout import check_batch, run_rollouts
 from rlcore.testing import assert_token_exact
-from rlcore.testing.multi_turn import RecordingSampler, assert_observations_are_template_deltas, assert_sampled_tokens_kept
+from rlcore.testing.multi_turn import (RecordingSampler, assert_observations_are_template_deltas,
+                                       assert_sampled_tokens_kept, trainer_logprobs)
 from rlcore.types import Prompt, SamplingParams
 
 from rl_plugin_openenv.server import ServerThread, sessions_settle
@@ -79,15 +79,8 @@ async def test_real_model_guess_number_episodes_are_token_exact(server, hf_sampl
         feedback = [m["content"] for m in t.messages[2:] if m["role"] == "user"]
         assert all("number" in f or "too" in f or "outside" in f for f in feedback), feedback
 
-    # the trainer's forward over prompt + completion reproduces the sampler's logprobs (fp32)
-    model = hf_sampler.model
-    for t in trajs:
-        ids = torch.tensor([t.input_ids])
-        with torch.no_grad():
-            logps = torch.log_softmax(model(input_ids=ids).logits.float(), dim=-1)
-        p = len(t.prompt_ids)
-        rescored = logps[0, p - 1:-1].gather(-1, ids[0, p:].unsqueeze(-1)).squeeze(-1)
-        mask = torch.tensor(t.loss_mask, dtype=torch.bool)
-        sampled = torch.tensor([lp if m else 0.0 for lp, m in zip(t.logprobs, t.loss_mask)])
-        assert mask.sum() > 0 and t.logprobs_complete
-        torch.testing.assert_close(rescored[mask], sampled[mask], atol=1e-4, rtol=0)
+    # the trainer's scoring of the packed batch reproduces the sampler's logprobs (fp32)
+    for t, rescored in zip(trajs, trainer_logprobs(trajs, hf_sampler.model, tok.pad_token_id)):
+        assert t.logprobs_complete and sum(t.loss_mask) > 0
+        for m, have, want in zip(t.loss_mask, rescored, t.logprobs):
+            assert (have is None) == (not m) and (not m or abs(have - want) < 1e-4), (have, want)

@@ -192,3 +192,22 @@ async def test_a_suffix_prompt_is_sound_only_when_rlcore_truncated_it(tok: Any, 
     (u,) = res.trajectories
     assert u.status == "ok" and u.prompt_ids == cut.prompt_ids and u.infos["prompt_truncated"] == 3
     assert check_batch([u], tok) == []
+
+
+async def test_a_truncated_standard_prompt_keeps_its_tokens(tok: Any) -> None:
+    # TRL's standard prompt (plain text, no chat template) cut to max_prompt_length: it used to be
+    # re-encoded with the chat template before the first turn, whole, so the model sampled from a
+    # prompt neither TRL nor max_prompt_length would give it
+    from rlcore.training.prompts import make_prompt
+
+    row = {"prompt": "what is 2 + 2 and then what is 3 + 3 and then 4 + 4?"}
+    full = make_prompt(row, tok, has_prompt=True)
+    cut = make_prompt(row, tok, has_prompt=True, max_prompt_length=len(full.prompt_ids) - 3)
+    sampler = ScriptedSampler(["4"], tok)
+    res = await run_rollouts(AskAgain(sampler, max_turns=1), [cut], progress=False)
+    (t,) = res.trajectories
+    assert t.status == "ok" and t.prompt_ids == cut.prompt_ids == sampler.calls[0][0]
+    assert "prompt_reencoded" not in t.infos and check_batch([t], tok) == []
+    untruncated = copy.deepcopy(t)
+    untruncated.infos.pop("prompt_truncated")  # the same tokens without rlcore's record are not the prompt
+    assert [v.check for v in check_trajectory(untruncated, tok)] == ["prompt"]

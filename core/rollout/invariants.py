@@ -203,12 +203,13 @@ def prompt_matches(tokenizer: Any, messages: list[dict[str, Any]], prompt_ids: S
     prompt whose messages were replaced or extended at the front, e.g. a system message a
     scheduler prepended, which the tokens do not hold), or — TRL's *standard* prompt, a plain-text
     ``prompt`` column tokenized without the chat template — exactly the text of the single user
-    message (special tokens such as a BOS aside)."""
+    message (special tokens such as a BOS aside; its tail when ``truncated``)."""
     if have and (want == have or (truncated and want.endswith(have))):
         return True
     if len(messages) == 1 and messages[0].get("role") == "user":
         content = str(messages[0].get("content") or "")
-        return bool(content) and tokenizer.decode(list(prompt_ids), skip_special_tokens=True) == content
+        text = tokenizer.decode(list(prompt_ids), skip_special_tokens=True)
+        return bool(content) and bool(text) and (text == content or (truncated and content.endswith(text)))
     return False
 
 

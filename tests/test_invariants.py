@@ -176,7 +176,7 @@ async def test_a_prepended_system_message_is_in_the_prompt_tokens(tok: Any) -> N
     assert t.infos.get("prompt_reencoded") is True and check_batch([t], tok) == []
 
 
-async def test_a_suffix_prompt_is_sound_only_when_rlcore_truncated_it(tok: Any, tiny_model_dir: str) -> None:
+async def test_a_suffix_prompt_is_sound_only_when_rlcore_truncated_it(tok: Any) -> None:
     from rlcore.training.prompts import make_prompt
 
     (t,) = [copy.deepcopy(x) for x in (await sound(tok))[:1]]

@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import torch
 
 import rlcore
 from rlcore.asyncutil import run_sync

@@ -19,16 +19,41 @@ from typing import Any, Iterator
 import click
 
 from . import hookspecs
-
-REPO = Path(__file__).resolve().parent.parent
-DOCS = REPO / "docs"
+from .errors import ConfigError
 
 
-def repository_plugins(root: Path = REPO / "plugins") -> tuple[str, ...]:
-    """The plugin distributions in this repository (``plugins/<kind>/<dist>/pyproject.toml``): the
+def _is_checkout(path: Path) -> bool:
+    """Whether ``path`` is the root of an rlcore source checkout (its pyproject names ``rlcore``)."""
+    import tomllib
+
+    try:
+        meta = tomllib.loads((path / "pyproject.toml").read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
+    return meta.get("project", {}).get("name") == "rlcore" and (path / "core").is_dir()
+
+
+def checkout(start: Path | None = None) -> Path:
+    """The rlcore checkout whose docs are generated: the one this module lives in (an editable
+    install), else the one holding ``start`` (default: the current directory). An installed rlcore
+    lives in site-packages, where neither docs/ nor plugins/ exist; its docs are the checkout's."""
+    here = Path(__file__).resolve().parent.parent
+    if _is_checkout(here):
+        return here
+    start = (start or Path.cwd()).resolve()
+    for path in (start, *start.parents):
+        if _is_checkout(path):
+            return path
+    raise ConfigError(f"python -m rlcore.docgen regenerates the docs of an rlcore checkout, and {start} is not inside "
+                      f"one (this rlcore is installed at {here}): run it inside the checkout")
+
+
+def repository_plugins(root: Path | None = None) -> tuple[str, ...]:
+    """The plugin distributions in the checkout (``plugins/<kind>/<dist>/pyproject.toml``): the
     CLI reference documents their commands. Read from the tree, so the core names none of them."""
     import tomllib
 
+    root = checkout() / "plugins" if root is None else root
     return tuple(sorted(tomllib.loads(p.read_text(encoding="utf-8"))["project"]["name"]
                         for p in root.glob("*/*/pyproject.toml")))
 
@@ -220,8 +245,9 @@ def _shared_flags() -> list[str]:
 PAGES = {"hooks.md": render_hooks, "cli.md": render_cli}
 
 
-def stale_pages(docs: Path = DOCS, pages: tuple[str, ...] = tuple(PAGES)) -> list[str]:
+def stale_pages(docs: Path | None = None, pages: tuple[str, ...] = tuple(PAGES)) -> list[str]:
     """Names of generated pages whose file differs from what the code would generate now."""
+    docs = checkout() / "docs" if docs is None else docs
     stale = []
     for page in pages:
         path = docs / page
@@ -233,21 +259,25 @@ def stale_pages(docs: Path = DOCS, pages: tuple[str, ...] = tuple(PAGES)) -> lis
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlcore.docgen", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="report stale pages and exit 1 instead of writing")
-    parser.add_argument("--docs", type=Path, default=DOCS, help="the docs directory (default: the repository's docs/)")
+    parser.add_argument("--docs", type=Path, default=None, help="the docs directory (default: the checkout's docs/)")
     parser.add_argument("pages", nargs="*", help=f"pages to generate: {', '.join(PAGES)} (default: all)")
     args = parser.parse_args(argv)
     pages = tuple(args.pages) or tuple(PAGES)
     unknown = [p for p in pages if p not in PAGES]
     if unknown:
         parser.error(f"unknown page(s) {', '.join(unknown)}; pages are: {', '.join(PAGES)}")
-    if args.check:
-        stale = stale_pages(args.docs, pages)
-        for page in stale:
-            print(f"{args.docs / page} is stale: run python -m rlcore.docgen", file=sys.stderr)
-        return 1 if stale else 0
-    for page in pages:
-        (args.docs / page).write_text(PAGES[page](), encoding="utf-8")
-        print(f"wrote {args.docs / page}")
+    try:
+        docs = checkout() / "docs" if args.docs is None else args.docs
+        if args.check:
+            stale = stale_pages(docs, pages)
+            for page in stale:
+                print(f"{docs / page} is stale: run python -m rlcore.docgen", file=sys.stderr)
+            return 1 if stale else 0
+        for page in pages:
+            (docs / page).write_text(PAGES[page](), encoding="utf-8")
+            print(f"wrote {docs / page}")
+    except ConfigError as e:  # not in a checkout: one line, exit 2
+        parser.error(str(e))
     return 0
 
 

@@ -40,7 +40,7 @@ _CLASS_SUFFIX = {"scheduler": "Scheduler", "env": "Env", "sampler": "Sampler", "
 _TEMPLATE_GLOBALS = frozenset({
     "annotations", "asyncio", "inspect", "os", "random", "re", "threading", "torch", "rlcore",
     "hookimpl", "register", "Any", "Callable", "Completion", "Env", "MultiTurnScheduler", "Sampler",
-    "SamplingParams", "Trajectory", "WORDS", "FINAL_ANSWER",
+    "SamplingParams", "Trajectory", "WORDS", "FINAL_ANSWER", "NUMBER", "score",
 })
 
 

@@ -114,11 +114,40 @@ def digits_task() -> DefaultTask:
                        task_config=dict(DEFAULT_TRAIN_CONFIG))
 
 
+#: episodes per embedded env default (one row each, seeded by its index)
+ENV_EPISODES = 256
+
+
+def env_task() -> DefaultTask:
+    """The default of an env scheduler without one of its own (``--scheduler env_scheduler --env
+    NAME``, or an ``EnvScheduler`` subclass): each prompt is one episode of the env the run names,
+    seeded by its row (``env_config.seed``); the env's observations are what the model reads.
+
+    Why not digits: its sums were never shown (the env's reset replaces the prompt) and its
+    8-token replies, cut by length, ended every episode at turn 1 before the env saw a step. Here
+    a reply cut at the per-turn cap still goes to the env (``stop_on_truncation`` off), so even the
+    tiny model, which rarely ends a reply on its own, plays whole episodes."""
+    return DefaultTask(
+        "env-episodes",
+        [{"prompt": "Play one episode.", "env_config": {"seed": i}} for i in range(ENV_EPISODES)],
+        "episodes of the env --env names, scored by its rewards (env_reward); its observations are the prompts",
+        task_config={"output_dir": "rlcore-output/env", "reward_funcs": ["env_reward"], "max_turns": 4,
+                     "max_completion_length": 8, "max_prompt_length": 256},
+        recipe={**TINY_MODEL_RECIPE, "per_device_train_batch_size": 16},
+        scheduler_options={"stop_on_truncation": False},
+    )
+
+
 def default_task_for(scheduler_factory: Any) -> DefaultTask:
-    """The embedded default of a scheduler: its ``default_task()`` when it defines one, else digits."""
+    """The embedded default of a scheduler: its ``default_task()`` when it defines one, the env
+    default (:func:`env_task`) for an env scheduler that does not, else digits."""
     make = getattr(scheduler_factory, "default_task", None)
     task = make() if callable(make) else None
     if task is None:
+        from .rollout.env_scheduler import EnvScheduler
+
+        if isinstance(scheduler_factory, type) and issubclass(scheduler_factory, EnvScheduler):
+            return env_task()
         return digits_task()
     if not isinstance(task, DefaultTask):
         from .errors import PluginError

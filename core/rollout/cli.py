@@ -141,7 +141,11 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
     reward_objs, weights = _rewards(opts["rewards"], registry, as_reward,
                                     {name: routed[f"reward {name!r}"] for name in reward_names})
     dataset: Any = opts["dataset"]
-    if dataset is None and callable(getattr(scheduler_factory, "default_task", None)):
+    from .env_scheduler import EnvScheduler
+
+    own_default = callable(getattr(scheduler_factory, "default_task", None)) or (
+        isinstance(scheduler_factory, type) and issubclass(scheduler_factory, EnvScheduler))  # env schedulers: env_task
+    if dataset is None and own_default:
         from ..tasks import default_task_for
 
         task = default_task_for(scheduler_factory)

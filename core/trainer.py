@@ -697,7 +697,7 @@ class GRPOTrainer(Trainer):
             if self.progress_callback is not None:
                 self.progress_callback.stop()
             if self.args.plots and self.args.should_save:
-                self.plot_paths = write_plots(self.args.output_dir)
+                self.plot_paths = write_plots(self.args.output_dir, max_completion_length=self.args.max_completion_length)
 
     def _issue_warnings_after_load(self, load_result: Any) -> None:
         """A tied head (``lm_head.weight`` is ``embed_tokens.weight``) is not written into a checkpoint,

@@ -1,5 +1,11 @@
 """PNG plots of a run from its ``metrics.jsonl``: reward (mean with a ±std band) and completion
-length (mean and max) per step. Written at the end of training and on Ctrl-C."""
+length per step. Written at the end of training and on Ctrl-C.
+
+The length plot counts the tokens the model sampled (``completions/*``, TRL's keys), never the
+environment's observations: a multi-turn run's ``completion_length`` counts everything after the
+prompt, so a 6-token-per-turn game plotted 210-270 "completion tokens" beside a header saying
+"6 tokens max per turn". Multi-turn runs get the sampled tokens per episode (mean, max) and per
+turn (the episode's mean over its turns) against the per-turn cap."""
 
 from __future__ import annotations
 
@@ -19,8 +25,36 @@ def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[flo
     return xs, ys
 
 
-def write_plots(output_dir: str) -> list[str]:
-    """Write ``plots/reward.png`` and ``plots/completion_length.png``; returns their paths."""
+def length_series(rows: list[dict[str, Any]], max_completion_length: int | None = None
+                  ) -> tuple[str, str, list[tuple[str, list[float], list[float], dict[str, Any]]]]:
+    """(title, y label, [(label, steps, values, line style)]) of the completion-length plot."""
+    sampled = "completions/mean_length" if any(r.get("completions/mean_length") is not None for r in rows) \
+        else "completion_length"  # metrics written before rlcore logged TRL's keys
+    longest = "completions/max_length" if sampled != "completion_length" else "completion_length/max"
+    multi_turn = any((r.get("num_turns") or 0) > 1 for r in rows)
+    xs, mean = _series(rows, sampled)
+    xm, mx = _series(rows, longest)
+    if not multi_turn:
+        series = [("mean", xs, mean, {"color": "tab:green"}),
+                  ("max", xm, mx, {"color": "tab:green", "linestyle": "--", "alpha": 0.6})]
+        return "completion length per step (sampled tokens)", "sampled tokens per completion", series
+    per_turn = [(float(r["step"]), float(r[sampled]) / float(r["num_turns"])) for r in rows
+                if r.get(sampled) is not None and r.get("num_turns")]
+    series = [
+        ("per episode: mean", xs, mean, {"color": "tab:green"}),
+        ("per episode: max", xm, mx, {"color": "tab:green", "linestyle": "--", "alpha": 0.6}),
+        ("per turn: mean", [x for x, _ in per_turn], [y for _, y in per_turn], {"color": "tab:purple"}),
+    ]
+    if max_completion_length and per_turn:
+        steps = [x for x, _ in per_turn]
+        series.append((f"per-turn cap (max_completion_length={max_completion_length})", [steps[0], steps[-1]],
+                       [float(max_completion_length)] * 2, {"color": "gray", "linestyle": ":"}))
+    return ("tokens the model sampled per step (observations not counted)", "sampled tokens", series)
+
+
+def write_plots(output_dir: str, max_completion_length: int | None = None) -> list[str]:
+    """Write ``plots/reward.png`` and ``plots/completion_length.png``; returns their paths.
+    ``max_completion_length`` (the per-turn cap) is drawn on a multi-turn run's length plot."""
     rows = read_jsonl(output_dir)
     if not rows:
         return []
@@ -58,11 +92,9 @@ def write_plots(output_dir: str) -> list[str]:
     paths = [save(fig, ax, "reward.png", "reward", "reward per step")]
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-    xs, mean = _series(rows, "completion_length")
-    xm, mx = _series(rows, "completion_length/max")
-    if xs:
-        ax.plot(xs, mean, color="tab:green", label="mean")
-    if xm:
-        ax.plot(xm, mx, color="tab:green", linestyle="--", alpha=0.6, label="max")
-    paths.append(save(fig, ax, "completion_length.png", "completion tokens", "completion length per step"))
+    title, ylabel, series = length_series(rows, max_completion_length)
+    for label, sx, sy, style in series:
+        if sx:
+            ax.plot(sx, sy, label=label, **style)
+    paths.append(save(fig, ax, "completion_length.png", ylabel, title))
     return paths

@@ -165,23 +165,31 @@ def completion_logprobs(
     entropy: bool = False,
     router_logits: list[Any] | None = None,
     entropy_grad: bool = False,
+    pack: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token logprobs ``[B, T]`` of ``input_ids`` under ``model`` where ``completion_mask`` is 1
     (0 elsewhere), aligned so position ``t`` scores token ``input_ids[:, t]`` — the layout of
     :class:`rlcore.Batch`. Runs the decoder body once, then only the selected positions go through
     the ``lm_head``, in chunks. ``entropy``: also the per-token entropy ``[B, T]`` (with gradient
     when ``entropy_grad``, for an entropy bonus; detached otherwise). ``router_logits``, a list,
-    receives an MoE model's router logits of this forward (for its load-balancing loss)."""
+    receives an MoE model's router logits of this forward (for its load-balancing loss).
+
+    ``pack``: right-padded rows of a model family known to take packed sequences are packed into
+    fewer rows first when that saves rows (see :func:`packing_plan`): the decoder body then runs on
+    fewer padding positions; each token's logprob is the same up to float rounding."""
     body, head = _split_model(model)
     extra = {"output_router_logits": True} if router_logits is not None else {}
+    plan = packing_plan(model, attention_mask, completion_mask) if pack and router_logits is None else None
+    inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if plan is not None:  # the rows packed into fewer rows; attention kept within each sequence
+        inputs = {"input_ids": plan.pack(input_ids), "position_ids": plan.position_ids, "attention_mask": None}
     if is_data_parallel(model):
         # DDP all-reduces gradients only for forwards that go through its wrapper. Ask the full model
         # for the final hidden states and a single position of logits (not [B, T, V]).
-        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
-                    logits_to_keep=1, output_hidden_states=True, **extra)
+        out = model(**inputs, use_cache=False, logits_to_keep=1, output_hidden_states=True, **extra)
         hidden = out.hidden_states[-1]
     else:
-        out = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **extra)
+        out = body(**inputs, use_cache=False, **extra)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     if router_logits is not None:
         router_logits.append(out.router_logits)
@@ -189,7 +197,10 @@ def completion_logprobs(
     sel = torch.zeros_like(completion_mask, dtype=torch.bool)
     sel[:, 1:] = completion_mask[:, 1:] > 0  # token t is predicted by the hidden state at t-1
     rows, cols = sel.nonzero(as_tuple=True)
-    h = hidden[rows, cols - 1]
+    if plan is None:
+        h = hidden[rows, cols - 1]
+    else:
+        h = hidden[plan.bin_of[rows], plan.offset_of[rows] + cols - 1]
     targets = input_ids[rows, cols]
     fp32 = bool(getattr(head, FP32_HEAD, False))  # cast_lm_head_to_fp32: float32 logits, outside autocast (TRL)
     with torch.autocast(h.device.type, enabled=False) if fp32 else contextlib.nullcontext():
@@ -203,6 +214,84 @@ def completion_logprobs(
         ent_full = torch.zeros((B, T), dtype=ent.dtype, device=input_ids.device)
         ent_full = ent_full.index_put((rows, cols), ent)
     return logps, ent_full
+
+
+#: model families whose transformers forward keeps packed sequences apart (``position_ids`` that
+#: restart at 0 and no 2-D attention mask: transformers builds the block-diagonal causal mask)
+PACKABLE_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+#: attention implementations that honour that mask (both build it from the position ids)
+PACKABLE_ATTENTION = frozenset({"sdpa", "eager"})
+
+
+class PackingPlan:
+    """Where each row of a right-padded ``[B, T]`` batch goes in a packed ``[R, T]`` one (R < B):
+    row ``i`` starts at column ``offset_of[i]`` of packed row ``bin_of[i]``; ``position_ids`` restart
+    at 0 at each sequence (the tail padding of a packed row continues its last sequence, which a
+    causal model never lets earlier tokens see)."""
+
+    def __init__(self, lengths: list[int], T: int, device: Any) -> None:
+        bins: list[list[int]] = []  # first fit, longest first
+        room: list[int] = []
+        for i in sorted(range(len(lengths)), key=lambda j: -lengths[j]):
+            n = lengths[i]
+            for b, free in enumerate(room):
+                if n <= free:
+                    bins[b].append(i)
+                    room[b] -= n
+                    break
+            else:
+                bins.append([i])
+                room.append(T - n)
+        bin_of, offset_of = [0] * len(lengths), [0] * len(lengths)
+        positions = torch.zeros((len(bins), T), dtype=torch.long)
+        src_row, src_col = torch.zeros((len(bins), T), dtype=torch.long), torch.zeros((len(bins), T), dtype=torch.long)
+        for b, members in enumerate(bins):
+            at = 0
+            for i in members:
+                n = lengths[i]
+                bin_of[i], offset_of[i] = b, at
+                positions[b, at : at + n] = torch.arange(n)
+                src_row[b, at : at + n], src_col[b, at : at + n] = i, torch.arange(n)
+                at += n
+            if at < T:  # tail padding: continues the last sequence (any token id; nothing reads it)
+                last = members[-1]
+                positions[b, at:] = torch.arange(lengths[last], lengths[last] + T - at)
+                src_row[b, at:], src_col[b, at:] = last, 0
+        self.rows = len(bins)
+        self.bin_of = torch.tensor(bin_of, device=device)
+        self.offset_of = torch.tensor(offset_of, device=device)
+        self.position_ids = positions.to(device)
+        self._src = (src_row.to(device), src_col.to(device))
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [B, T]`` laid out as the packed ``[R, T]``."""
+        return x[self._src]
+
+
+def packing_plan(model: Any, attention_mask: torch.Tensor, completion_mask: torch.Tensor) -> PackingPlan | None:
+    """A :class:`PackingPlan` when packing is known to give the same logprobs and saves rows: a
+    model of :data:`PACKABLE_MODEL_TYPES` under an attention of :data:`PACKABLE_ATTENTION`, every
+    row right-padded (its attention mask a prefix of ones, its completion inside it). Else None,
+    and the batch runs as it is."""
+    if attention_mask is None or attention_mask.dim() != 2 or attention_mask.shape[0] < 2:
+        return None
+    from ..weights import base_model
+
+    config = getattr(base_model(model), "config", None)
+    if getattr(config, "model_type", None) not in PACKABLE_MODEL_TYPES:
+        return None
+    if getattr(config, "_attn_implementation", None) not in PACKABLE_ATTENTION:
+        return None
+    B, T = attention_mask.shape
+    lengths = attention_mask.sum(1)
+    prefix = torch.arange(T, device=attention_mask.device)[None, :] < lengths[:, None]
+    if not torch.equal(attention_mask.bool(), prefix) or bool(((completion_mask > 0) & ~prefix).any()):
+        return None
+    lengths_list = [int(n) for n in lengths.tolist()]
+    if sum(lengths_list) > (B - 1) * T:  # cannot save a row
+        return None
+    plan = PackingPlan(lengths_list, T, attention_mask.device)
+    return plan if plan.rows < B else None
 
 
 def is_data_parallel(model: Any) -> bool:

@@ -81,10 +81,14 @@ def test_loop_example_matches_grpo_trainer(tiny_model_dir: str, tmp_path: Path) 
         assert norm > 1e-4, "the advantages were all zero: the comparison would be vacuous"
         for name, g in trainer_grads[step].items():
             assert torch.allclose(loop_grads[step][name], g, atol=1e-6, rtol=0), (step, name)
-    # and the weights after two optimizer steps agree
+    # and the weights after two optimizer steps agree. The two paths' float32 gradients agree to ~1e-7
+    # (checked above at 1e-6), not bit for bit (transformers 5.24 / torch 2.13 on CPU); AdamW divides each
+    # element's step by its own gradient's running norm, so an element whose gradient is itself ~1e-7
+    # moves by a visible share of the learning rate either way (2.3e-6 at lr 1e-3, seen). 1% of the
+    # learning rate still fails a wrong lr, beta, epsilon or schedule, which move weights by ~lr.
     loop_params = dict(loop_model.named_parameters())
     for name, p in trainer.model.named_parameters():
-        assert torch.allclose(loop_params[name], p, atol=1e-6, rtol=0), name
+        assert torch.allclose(loop_params[name], p, atol=1e-2 * lr, rtol=0), (name, float((loop_params[name] - p).abs().max()))
 
 
 def test_the_loop_never_trains_on_generated_problems_without_saying_so(tmp_path: Path, monkeypatch, capsys) -> None:

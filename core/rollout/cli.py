@@ -178,6 +178,12 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
         from ..training.components import check_model_path
 
         check_model_path(model)
+    try:  # transformers' "Loading weights" bar is noise between the command and its own progress bar
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover - a sampler that needs no transformers
+        pass
     sampler = sampler_factory(model=model, **sampler_opts)
     try:
         tokenizer = getattr(sampler, "tokenizer", None)
@@ -209,7 +215,9 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
             fh.write(t.to_json() + "\n")
     s = result.stats
     line = (f"wrote {s['trajectories']} trajectories to {out}: {s['ok']} ok, {s['truncated']} truncated, "
-            f"{s['failed']} failed, {s['turns']} turns, {s['wall_s']:.1f}s")
+            f"{s['failed']} failed, {s['turns']} turns"
+            + (f" ({s['turns'] / s['trajectories']:.1f} per trajectory)" if s["trajectories"] else "")
+            + f", {s['wall_s']:.1f}s")
     if s["failure_reasons"]:
         line += "; failures: " + json.dumps(s["failure_reasons"])
     if s["trajectories"] and not s["ok"] and not s["truncated"]:

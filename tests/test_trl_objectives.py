@@ -385,10 +385,11 @@ def test_vllm_model_impl_reaches_the_vllm_engine(tmp_path: Any, vllm_standin: An
 
 
 def test_the_options_are_cli_and_yaml_flags(tmp_path: Any) -> None:
-    """`rlcore train --help` lists each option, and the flags (or a YAML config) set them."""
+    """`rlcore train --help-all` lists each option (`--help` shows the ~20 most runs set), and the
+    flags (or a YAML config) set them."""
     from rlcore.train_cli import _parser, _read_config_file, help_text
 
-    text = help_text()
+    text = help_text(full=True)
     names = ("multi_objective_aggregation", "off_policy_mask_threshold", "cast_lm_head_to_fp32", "router_aux_loss_coef",
              "pad_to_multiple_of", "log_unique_prompts", "vllm_model_impl")
     assert all(f"--{n}" in text for n in names)

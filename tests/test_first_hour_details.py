@@ -34,7 +34,7 @@ def test_use_peft_warns_about_nothing(tiny_model_dir: str, tmp_path: Any) -> Non
     from transformers import AutoModelForCausalLM
 
     from rlcore import GRPOConfig
-    from rlcore.training.components import apply_peft
+    from rlcore.training.components import apply_peft, load_model
 
     args = GRPOConfig(output_dir=str(tmp_path / "o"), use_peft=True, report_to="none")
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
@@ -42,6 +42,11 @@ def test_use_peft_warns_about_nothing(tiny_model_dir: str, tmp_path: Any) -> Non
         warnings.simplefilter("error")
         wrapped = apply_peft(model, args)
     assert hasattr(wrapped, "peft_config")
+    wrapped.save_pretrained(str(tmp_path / "adapter"))  # what a --use_peft run writes, trained further as --model
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = load_model(str(tmp_path / "adapter"), GRPOConfig(output_dir=str(tmp_path / "p"), report_to="none"))
+    assert hasattr(again, "peft_config")
 
 
 def test_components_lists_the_aliases_the_readme_uses(capsys: Any) -> None:

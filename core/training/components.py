@@ -4,6 +4,8 @@ as the training loop and nothing else."""
 
 from __future__ import annotations
 
+import contextlib
+
 import copy
 import inspect
 from typing import Any, Callable, Sequence
@@ -40,7 +42,8 @@ def load_model(model: Any, args: GRPOConfig, quantization_config: Any = None) ->
                 raise MissingDependencyError(f"{model} is a LoRA adapter; loading it needs peft: pip install 'rlcore[peft]'") from exc
             if args.use_peft:
                 raise ConfigError(f"{model} is already a LoRA adapter (it is trained further as it is); drop --use_peft")
-            model = from_pretrained(AutoPeftModelForCausalLM, model, "LoRA adapter", is_trainable=True, **kwargs)
+            with _quiet_peft():
+                model = from_pretrained(AutoPeftModelForCausalLM, model, "LoRA adapter", is_trainable=True, **kwargs)
         else:
             model = from_pretrained(AutoModelForCausalLM, model, "model", **kwargs)
     elif quantization_config is not None or args.model_init_kwargs:
@@ -138,13 +141,20 @@ def apply_peft(model: Any, args: GRPOConfig, peft_config: Any = None) -> Any:
             target_modules=args.lora_target_modules or "all-linear",
             task_type="CAUSAL_LM",
         )
+    with _quiet_peft():
+        return get_peft_model(model, peft_config)
+
+
+@contextlib.contextmanager
+def _quiet_peft() -> Any:
+    """peft reads transformers' deprecated ``is_gradient_checkpointing`` when it wraps a model: a
+    FutureWarning on every ``--use_peft`` run (and every load of a LoRA run's output) that no user can
+    act on — peft's call, not theirs. Only that warning is silenced."""
     import warnings
 
     with warnings.catch_warnings():
-        # peft reads transformers' deprecated `is_gradient_checkpointing`: a FutureWarning on every
-        # --use_peft run that no user can act on (peft's call, not theirs); only that one is silenced
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-        return get_peft_model(model, peft_config)
+        yield
 
 
 def reference_model(model: Any, args: GRPOConfig) -> Any:

@@ -17,6 +17,7 @@ import rlcore
 from rlcore import SamplerError, SamplingParams
 from rlcore.sampling.batcher import MicroBatcher
 from rlcore.sampling.hf import HFSampler
+from rlcore.testing import recompute_logprobs  # what a trainer does: one plain forward, logits / temperature
 
 
 @pytest.fixture(scope="module", params=["dynamic", "static"])
@@ -41,16 +42,6 @@ def prompts(sampler: HFSampler) -> list[list[int]]:
                    add_special_tokens=False)
         for t in texts
     ]
-
-
-def recompute_logprobs(model, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
-    """What a trainer does: one plain forward over prompt+completion, logits / temperature."""
-    device = next(model.parameters()).device
-    ids = torch.tensor([prompt + completion], device=device)
-    with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt) - 1 : -1].float() / temperature
-    lp = torch.log_softmax(logits, -1).gather(1, torch.tensor(completion, device=device)[:, None]).squeeze(1)
-    return lp.cpu()
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

@@ -19,6 +19,7 @@ from rlcore import SamplingParams
 from rlcore.sampling.hf import HFSampler
 from rlcore.sampling.hf_fused import FusedDecode, forward_autocast, pack_groups, rotate_half_matrix, rotation, unsupported
 from rlcore.sampling.hf_static import _layer_kv
+from rlcore.testing import recompute_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +121,7 @@ def test_packed_projections_follow_the_weights_batch_by_batch(tiny_model_dir: st
     model.model.layers[1].mlp.up_proj.weight.data.mul_(0.5)
     after = s.generate_sync(prompt, q)
     assert after.logprobs[0] != pytest.approx(before.logprobs[0], abs=1e-4)
-    assert torch.allclose(torch.tensor(after.logprobs), _recompute(model, prompt, after.token_ids), atol=1e-4)
+    assert torch.allclose(torch.tensor(after.logprobs), recompute_logprobs(model, prompt, after.token_ids), atol=1e-4)
     need, allowed = hf_fused.pack_budget(model, torch.device("cpu"))
     assert 0 < need <= allowed and not FusedDecode(model, torch.device("cpu"), pack=False).packed
     old = hf_fused.PACK_CPU_BYTES
@@ -129,12 +130,6 @@ def test_packed_projections_follow_the_weights_batch_by_batch(tiny_model_dir: st
         assert not FusedDecode(model, torch.device("cpu")).packed
     finally:
         hf_fused.PACK_CPU_BYTES = old
-
-
-def _recompute(model, prompt: list[int], completion: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1].float()
-    return torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None]).squeeze(1)
 
 
 def test_bf16_fused_step_is_as_close_to_float32_as_the_models_bf16_forward(tok) -> None:

@@ -17,6 +17,7 @@ from rlcore import ConfigError, SamplingParams
 from rlcore.sampling.hf import HFSampler
 from rlcore.sampling.hf_static import LEN_ALIGN, bucket, static_eligible
 from rlcore.sampling.processing import counter_uniforms, seed_words
+from rlcore.testing import recompute_logprobs as recompute
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -41,14 +42,6 @@ def prompts(tok) -> list[list[int]]:
              "a much longer question about the number of apples in the basket, step by step"]
     return [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True),
                        add_special_tokens=False) for t in texts]
-
-
-def recompute(model, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
-    dev = next(model.parameters()).device
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + completion], device=dev)).logits[0, len(prompt) - 1 : -1].float()
-    lp = torch.log_softmax(logits / temperature, -1).gather(1, torch.tensor(completion, device=dev)[:, None]).squeeze(1)
-    return lp.cpu()
 
 
 async def run_all(sampler: HFSampler, prompts, params) -> list:

@@ -15,6 +15,8 @@ hold, absolute seconds do not). Four parts, one subcommand each:
 - ``sampler``  — the hf sampler (as shipped) vs ``model.generate`` on the left-padded batch, 64
   prompts × 128 tokens, alternating runs (sampler_throughput.py's helpers); generated tokens / s.
   Writes ``bench/results/real_model_sampler.json`` / ``.png``.
+- ``packing``  — the loss's logprob pass + backward on a ragged batch shaped like a real step's, with
+  the rows packed (rlcore's default) and unpacked. Writes ``bench/results/real_model_packing.json``.
 - ``base``     — base rewards of candidate tasks (the model as it comes, the sampler's sampling):
   what picked the learning task. Writes ``bench/results/real_model_base.json``.
 
@@ -22,6 +24,7 @@ hold, absolute seconds do not). Four parts, one subcommand each:
     python bench/real_model.py step     [--steps 3 --warmup 1]
     python bench/real_model.py learning [--steps 40 --seeds 0 1]
     python bench/real_model.py sampler  [--work 64x128 --repeats 2]
+    python bench/real_model.py packing
     python bench/real_model.py base
 
 Every JSON says how loaded the machine was (``os.getloadavg()`` before and after).
@@ -281,9 +284,20 @@ def cmd_step(a: argparse.Namespace) -> None:
     profile = {"rlcore": Profile(), "trl": Profile()}
     result: dict[str, Any] = {"meta": machine(), "setup": vars(a) | {"func": None}}
     steps = a.steps + a.warmup
+
+    def partial() -> Any:  # the JSON after every step: a run stopped by a time limit keeps what it measured
+        from transformers import TrainerCallback
+
+        class Save(TrainerCallback):
+            def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+                save(a.out, {**result, "partial": True, "step_times": times,
+                             "profile": {n: summarise_profile(profile[n], 0) for n in profile}})
+
+        return Save()
+
     with tempfile.TemporaryDirectory() as out:
         trainers = make_trainers(a, path, rows, out, seed=0, steps=steps, profile=profile,
-                                 callbacks={n: [timing_callback(n, baton, times[n]), profile_callback(profile[n])]
+                                 callbacks={n: [timing_callback(n, baton, times[n]), profile_callback(profile[n]), partial()]
                                             for n in ("rlcore", "trl")})
         run_in_lockstep(baton, {n: trainers[n].train for n in ("rlcore", "trl")})
     med = {k: statistics.median(v[a.warmup:]) for k, v in times.items()}
@@ -322,6 +336,7 @@ def cmd_learning(a: argparse.Namespace) -> None:
                     curves[name]["reward"].append(float(logs["reward"]))
                     curves[name]["reward_std"].append(float(logs.get("reward_std", float("nan"))))
                     curves[name]["completion_length"].append(logs.get("completions/mean_length"))
+                    save(a.out, {**result, "curves": curves, "step_times": times})  # the step's reward is logged after on_step_end
 
             def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
                 result.update(curves=curves, step_times=times, wall_s=time.perf_counter() - t_start,
@@ -358,8 +373,9 @@ def learning_summary(curves: dict[str, dict[str, list[Any]]], times: dict[str, l
         if not r:
             continue
         k = max(1, round(0.1 * a.steps))
+        # a run stopped a step short still has a last 10% (of the steps it logged: "steps" says how many)
         out["runs"][name] = {"steps": len(r), "first_10pct": statistics.mean(r[:k]),
-                             "last_10pct": statistics.mean(r[-k:]) if len(r) >= a.steps else None,
+                             "last_10pct": statistics.mean(r[-k:]) if len(r) >= a.steps - 1 else None,
                              "wall_s": round(sum(times[name]), 1),
                              "median_step_s": round(statistics.median(times[name]), 2) if times[name] else None}
     for fw in ("rlcore", "trl"):
@@ -397,6 +413,26 @@ def plot_learning(curves: dict[str, dict[str, list[Any]]], summary: dict[str, An
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(a.out + ".png")
+
+
+def cmd_merge(a: argparse.Namespace) -> None:
+    """One learning result from runs made in several processes (e.g. one seed each, side by side)."""
+    parts = [json.load(open(p)) for p in a.parts]
+    merged: dict[str, Any] = {"meta": {"parts": [p["meta"] for p in parts]}, "setup": parts[0]["setup"],
+                              "task": parts[0].get("task"), "curves": {}, "step_times": {},
+                              "wall_s": max(p.get("wall_s", 0.0) for p in parts)}
+    for p in parts:
+        for name, c in p["curves"].items():
+            if c["reward"]:
+                merged["curves"][name] = c
+                merged["step_times"][name] = p["step_times"][name]
+    args = argparse.Namespace(**{**parts[0]["setup"], "out": a.out})
+    args.seeds = sorted({int(n[len("rlcore"):]) if n.startswith("rlcore") else int(n[len("trl"):]) for n in merged["curves"]})
+    merged["setup"]["seeds"] = args.seeds
+    merged["summary"] = learning_summary(merged["curves"], merged["step_times"], args)
+    save(a.out, merged)
+    print(json.dumps(merged["summary"], indent=2))
+    plot_learning(merged["curves"], merged["summary"], args)
 
 
 # --- 3. sampler -------------------------------------------------------------------------------------
@@ -467,6 +503,56 @@ def plot_sampler(result: dict[str, Any], path: str) -> None:
     ax.legend()
     fig.tight_layout()
     fig.savefig(path)
+
+
+# --- packing: the training forward with and without it ---------------------------------------------
+def cmd_packing(a: argparse.Namespace) -> None:
+    """The loss's logprob pass + backward on a ragged batch shaped like a real step's (prompts of
+    the chat template's length, completion lengths drawn from ``--lengths``), with the rows packed
+    (rlcore's default) and as they are, alternating."""
+    import random
+
+    import torch
+
+    from rlcore.algorithms.logprobs import completion_logprobs, packing_plan
+
+    model, tok = load(model_dir())
+    rng = random.Random(0)
+    prompt = tok.apply_chat_template([{"role": "user", "content": "What is 7 + 12? Reply with digits only."}],
+                                     tokenize=False, add_generation_prompt=True)
+    P = len(tok.encode(prompt, add_special_tokens=False))
+    lengths = [rng.choice(a.lengths) for _ in range(a.rows)]
+    T = P + max(lengths)
+    ids = torch.randint(100, 40000, (a.rows, T), generator=torch.Generator().manual_seed(0))
+    attn = torch.zeros(a.rows, T, dtype=torch.long)
+    cmask = torch.zeros(a.rows, T)
+    for i, n in enumerate(lengths):
+        attn[i, : P + n] = 1
+        cmask[i, P : P + n] = 1
+    plan = packing_plan(model, attn, cmask)
+    result: dict[str, Any] = {"meta": machine(), "setup": vars(a) | {"func": None, "prompt_tokens": P, "T": T},
+                              "completion_lengths": lengths, "rows_packed": plan.rows if plan else a.rows,
+                              "tokens": int(attn.sum()), "positions_unpacked": a.rows * T,
+                              "positions_packed": (plan.rows if plan else a.rows) * T}
+
+    def once(pack: bool) -> float:
+        model.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        lp, _ = completion_logprobs(model, ids, attn, cmask, entropy=True, pack=pack)
+        (lp * cmask).sum().backward()
+        return time.perf_counter() - t0
+
+    once(True)  # warm-up
+    runs: dict[str, list[float]] = {"packed": [], "unpacked": []}
+    for _ in range(a.repeats):
+        for name, pack in (("packed", True), ("unpacked", False)):
+            runs[name].append(round(once(pack), 2))
+            print(name, runs[name][-1], flush=True)
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    result.update(seconds=runs, median_s=med, ratio_packed_over_unpacked=round(med["packed"] / med["unpacked"], 3))
+    save(a.out, result)
+    print(f"forward+backward: packed {med['packed']:.2f}s, unpacked {med['unpacked']:.2f}s, "
+          f"ratio {result['ratio_packed_over_unpacked']} ({result['rows_packed']} rows instead of {a.rows})")
 
 
 # --- 4. base rates ----------------------------------------------------------------------------------
@@ -541,11 +627,24 @@ def main() -> None:
     p.add_argument("--out", default=os.path.join(RESULTS, "real_model_learning"))
     p.set_defaults(func=cmd_learning)
 
+    p = sub.add_parser("merge-learning", help="one learning JSON/PNG from several processes' JSONs")
+    p.add_argument("parts", nargs="+")
+    p.add_argument("--out", default=os.path.join(RESULTS, "real_model_learning"))
+    p.set_defaults(func=cmd_merge)
+
     p = sub.add_parser("sampler", help="hf sampler vs model.generate tok/s")
     p.add_argument("--work", nargs="+", default=["64x128"], metavar="CxT")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--out", default=os.path.join(RESULTS, "real_model_sampler"))
     p.set_defaults(func=cmd_sampler)
+
+    p = sub.add_parser("packing", help="the loss's logprob pass + backward, rows packed vs not")
+    p.add_argument("--rows", type=int, default=16)
+    p.add_argument("--lengths", type=int, nargs="+", default=[8, 12, 20, 30, 40, 60, 110, 128],
+                   help="completion lengths to draw from (SmolLM2 ends early and rambles to the cap)")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--out", default=os.path.join(RESULTS, "real_model_packing"))
+    p.set_defaults(func=cmd_packing)
 
     p = sub.add_parser("base", help="base rewards of candidate tasks")
     p.add_argument("--prompts-per-task", type=int, default=8)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,20 +39,22 @@ def rlcore_plugins() -> str:
 @pytest.fixture
 def run_script(smollm2_dir: str) -> Iterator[Callable[[Path, Path, str], subprocess.Popen[str]]]:
     """Start ``real_model_run.py`` (RLCORE_PLUGINS and the offline variables come from this test's
-    environment); whatever is still running when the test ends is killed."""
-    started: list[subprocess.Popen[str]] = []
+    environment); whatever is still running when the test ends is killed, and the runs' output
+    (1.6 GB per checkpoint of this model) is removed."""
+    started: list[tuple[subprocess.Popen[str], Path]] = []
 
     def start(rows: Path, out: Path, mode: str) -> subprocess.Popen[str]:
         proc = subprocess.Popen([sys.executable, str(SCRIPT), smollm2_dir, str(rows), str(out), mode],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        started.append(proc)
+        started.append((proc, out))
         return proc
 
     yield start
-    for proc in started:
+    for proc, out in started:
         if proc.poll() is None:
             proc.kill()
         proc.communicate()
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 480) -> None:

@@ -30,19 +30,10 @@ def test_missing_gguf_file_is_one_line(tmp_path: Any) -> None:
 
 
 def test_cli_refuses_a_missing_gguf_before_loading(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
-    import transformers
+    from rlcore.testing.cli import fails_before_model_load
 
-    from rlcore.cli import main
-
-    def no_load(*a: Any, **k: Any) -> Any:  # fault injection: loading anything here is the bug
-        raise AssertionError("a model was loaded before the arguments were checked")
-
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_load)
-    with pytest.raises(SystemExit) as exc:
-        main(["train", "--model", str(tmp_path / "gone.gguf"), "--max_steps", "1"])
-    assert exc.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert "gone.gguf does not exist" in err and "\n" not in err, err
+    err = fails_before_model_load(["--model", str(tmp_path / "gone.gguf"), "--max_steps", "1"], capsys, monkeypatch)
+    assert "gone.gguf does not exist" in err
 
 
 def test_conversion_is_faithful_cached_and_trainable(smollm2_gguf: str, tmp_path: Any) -> None:

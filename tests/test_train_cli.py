@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from rlcore.cli import main
+from rlcore.testing.cli import fails_before_model_load
 from rlcore.train_cli import build_plan
 import rlcore.errors as rlcore_errors
 
@@ -33,21 +34,6 @@ def test_default_run_learns_the_builtin_task(tmp_path: Any, monkeypatch: pytest.
     assert last >= 2 * first, (first, last)
     assert (path / "plots" / "reward.png").stat().st_size > 1000
     assert (path / "plots" / "completion_length.png").exists()
-
-
-def _fails_before_model_load(argv: list[str], capsys: Any, monkeypatch: pytest.MonkeyPatch) -> str:
-    import transformers
-
-    def no_load(*a: Any, **k: Any) -> Any:  # fault injection: loading a model here is the bug
-        raise AssertionError("a model was loaded before the arguments were checked")
-
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_load)
-    with pytest.raises(SystemExit) as exc:
-        main(["train", *argv])
-    assert exc.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("Error: ") and "\n" not in err, err
-    return err
 
 
 @pytest.mark.parametrize(
@@ -79,7 +65,7 @@ def test_mistakes_are_one_line(argv: list[str], needle: str, tmp_path: Any, caps
     cfg.write_text("num_generations: [1\n")
     argv = [str(bad) if a == "__BAD__" else str(cfg) if a == "__CFG__" else a for a in argv]
     monkeypatch.chdir(tmp_path)
-    err = _fails_before_model_load(argv, capsys, monkeypatch)
+    err = fails_before_model_load(argv, capsys, monkeypatch)
     assert needle in err, err
 
 
@@ -128,15 +114,15 @@ def test_bad_values_and_taken_output_dirs_are_one_line_before_the_model_loads(
     """Issue 14: these were tracebacks after the model loaded, or silently mixed two runs."""
     afile = tmp_path / "afile"
     afile.write_text("x")
-    assert "learning_rate must be a finite number >= 0" in _fails_before_model_load(["--learning_rate", "-1"], capsys, monkeypatch)
-    assert "is a file, not a directory" in _fails_before_model_load(["--output_dir", str(afile)], capsys, monkeypatch)
+    assert "learning_rate must be a finite number >= 0" in fails_before_model_load(["--learning_rate", "-1"], capsys, monkeypatch)
+    assert "is a file, not a directory" in fails_before_model_load(["--output_dir", str(afile)], capsys, monkeypatch)
     taken = tmp_path / "taken"
     (taken / "checkpoint-20").mkdir(parents=True)
-    err = _fails_before_model_load(["--output_dir", str(taken)], capsys, monkeypatch)
+    err = fails_before_model_load(["--output_dir", str(taken)], capsys, monkeypatch)
     assert "already holds a run (checkpoint-20)" in err and "--resume_from_checkpoint" in err
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"prompt": "1+1", "answer": "2"}\n{"prompt": "2+2"}\n{"answer": "3"}\n')
-    err = _fails_before_model_load(["--dataset", str(rows), "--reward", "digits", "--output_dir", str(tmp_path / "o")],
+    err = fails_before_model_load(["--dataset", str(rows), "--reward", "digits", "--output_dir", str(tmp_path / "o")],
                                    capsys, monkeypatch)
     assert "row 2 has none of the columns" in err
 
@@ -170,7 +156,7 @@ def test_a_model_that_cannot_load_is_one_line(tmp_path: Any, capsys: Any, monkey
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "not_a_model").mkdir()
-    err = _fails_before_model_load(["--model", str(tmp_path / "not_a_model")], capsys, monkeypatch)
+    err = fails_before_model_load(["--model", str(tmp_path / "not_a_model")], capsys, monkeypatch)
     assert "not_a_model has no config.json" in err, err
     from rlcore.training.components import check_model_dir
 
@@ -265,7 +251,7 @@ def test_a_reward_needing_a_column_the_dataset_lacks_fails_before_the_model_load
     monkeypatch.setattr(registry_module, "_plugins", Plugins(allow=[], builtins=[*registry_module.BUILTIN_PLUGINS, module.__name__]))
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"prompt": "1+1", "answer": "2"}\n')
-    err = _fails_before_model_load(["--dataset", str(rows), "--reward", "needs_solution_t", "--output-dir", str(tmp_path / "o")],
+    err = fails_before_model_load(["--dataset", str(rows), "--reward", "needs_solution_t", "--output-dir", str(tmp_path / "o")],
                                    capsys, monkeypatch)
     assert "reward 'needs_solution_t' needs the column 'solution'" in err and "(columns: prompt, answer)" in err
 

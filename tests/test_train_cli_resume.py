@@ -11,22 +11,8 @@ from typing import Any
 import pytest
 
 from rlcore.cli import main
+from rlcore.testing.cli import fails_before_model_load
 from rlcore.train_cli import build_plan
-
-
-def _one_line_before_model_load(argv: list[str], capsys: Any, monkeypatch: pytest.MonkeyPatch) -> str:
-    import transformers
-
-    def no_load(*a: Any, **k: Any) -> Any:  # fault injection: loading a model here is the bug
-        raise AssertionError("a model was loaded before the arguments were checked")
-
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_load)
-    with pytest.raises(SystemExit) as exc:
-        main(["train", *argv])
-    assert exc.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("Error: ") and "\n" not in err, err
-    return err
 
 
 def test_save_settings_without_a_strategy_save_by_steps(tmp_path: Any) -> None:
@@ -45,7 +31,7 @@ def test_a_missing_checkpoint_is_one_line_and_leaves_nothing_behind(
     `rlcore_run.json` left in NEW that refused the next plain run there; for a checkpoint-4 that
     does not exist in a run's directory, `… was written by a run without a run id …`."""
     new = tmp_path / "new"
-    err = _one_line_before_model_load(["--output-dir", str(new), "--resume-from-checkpoint", "/nowhere/checkpoint-9"],
+    err = fails_before_model_load(["--output-dir", str(new), "--resume-from-checkpoint", "/nowhere/checkpoint-9"],
                                       capsys, monkeypatch)
     assert err.startswith("Error: no such checkpoint: /nowhere/checkpoint-9"), err
     assert not new.exists()
@@ -53,14 +39,14 @@ def test_a_missing_checkpoint_is_one_line_and_leaves_nothing_behind(
     (run / "checkpoint-2").mkdir(parents=True)
     (run / "checkpoint-2" / "trainer_state.json").write_text('{"global_step": 2}')
     (run / "rlcore_run.json").write_text('{"run_id": "47fe5cbac2f8"}')
-    err = _one_line_before_model_load(["--output-dir", str(run), "--resume-from-checkpoint", str(run / "checkpoint-4")],
+    err = fails_before_model_load(["--output-dir", str(run), "--resume-from-checkpoint", str(run / "checkpoint-4")],
                                       capsys, monkeypatch)
     assert f"no such checkpoint: {run / 'checkpoint-4'}; {run} has checkpoint-2" in err, err
-    err = _one_line_before_model_load(["--output-dir", str(tmp_path / "empty"), "--resume-from-checkpoint", "true"],
+    err = fails_before_model_load(["--output-dir", str(tmp_path / "empty"), "--resume-from-checkpoint", "true"],
                                       capsys, monkeypatch)
     assert "no checkpoint to resume from in" in err and not (tmp_path / "empty").exists()
     (tmp_path / "not_a_checkpoint").mkdir()
-    err = _one_line_before_model_load(["--output-dir", str(tmp_path / "o"), "--resume-from-checkpoint",
+    err = fails_before_model_load(["--output-dir", str(tmp_path / "o"), "--resume-from-checkpoint",
                                        str(tmp_path / "not_a_checkpoint")], capsys, monkeypatch)
     assert "is not a checkpoint (no trainer_state.json)" in err and not (tmp_path / "o").exists()
 

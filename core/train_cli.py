@@ -23,7 +23,7 @@ from .errors import ConfigError
 #: flags handled here rather than by GRPOConfig
 SCRIPT_FLAGS = {
     "config": "YAML/TOML file of GRPOConfig values (flags override it)",
-    "model": "HF model id or local path [default: the built-in tiny model]",
+    "model": "HF model id, local path or .gguf file [default: the built-in tiny model]",
     "dataset": ".jsonl/.json/.parquet file, datasets name, or SOURCE:SPEC?key=value of a dataset source [default: the built-in digits task]",
     "dataset_split": "split of a datasets name [default: train]",
     "dataset_options": "options for a dataset source (SOURCE:SPEC), key=value,key=value or JSON, e.g. size=2000,seed=3",

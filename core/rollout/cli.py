@@ -47,7 +47,7 @@ OLD_ROLLOUT_NAMES = {"max_tokens": "max_completion_length", "concurrency": "roll
     context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
 )
 @click.option("--scheduler", default="default", show_default=True, help="Scheduler name (rlcore components scheduler).")
-@click.option("--model", default=None, help="Model directory or hub id [default: the built-in tiny model].")
+@click.option("--model", default=None, help="Model directory, hub id or .gguf file [default: the built-in tiny model].")
 @click.option("--dataset", default=None, help=".jsonl/.json/.parquet file, datasets name, or SOURCE:SPEC?key=value of a dataset source [default: built-in arithmetic].")
 @click.option(*_flag("dataset_options"), default=None, help="Options for a dataset source (SOURCE:SPEC): key=value,key=value or JSON.")
 @click.option(*_flag("dataset_split", "--split"), default="train", show_default=True, help="Dataset split (datasets names).")

@@ -18,10 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 
 import rlcore
-from rlcore.asyncutil import run_sync
 from rlcore.chat_template import decode, encode_prompt, render
 from rlcore.rollout import MultiTurnScheduler, check_batch, run_rollouts
 from rlcore.testing import ScriptedSampler, assert_token_exact
@@ -33,14 +31,7 @@ SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Huggin
 OWN_SYSTEM = "You are a terse assistant. Answer in one word."
 
 
-@pytest.fixture(scope="module")
-def hf_sampler(smollm2_dir: str) -> Any:
-    sampler = rlcore.get("sampler", "hf")(smollm2_dir, seed=0, batch_window_ms=20)
-    yield sampler
-    run_sync(sampler.close())
-
-
-async def test_injected_system_prompt_is_in_the_tokens_the_trainer_scores(hf_sampler: Any, smollm2_tokenizer: Any) -> None:
+async def test_injected_system_prompt_is_in_the_tokens_the_trainer_scores(smollm2_hf_sampler: Any, smollm2_tokenizer: Any) -> None:
     tok = smollm2_tokenizer
     row = {"prompt": [{"role": "user", "content": "Name a colour."}], "answer": "red"}
     prompt = make_prompt(row, tok, has_prompt=True, max_prompt_length=512)
@@ -49,7 +40,7 @@ async def test_injected_system_prompt_is_in_the_tokens_the_trainer_scores(hf_sam
     assert decode(tok, prompt.prompt_ids) == want == render(tok, prompt.messages, add_generation_prompt=True)
     assert prompt.prompt_ids == tok.encode(want, add_special_tokens=False)
 
-    sched = rlcore.get("scheduler", "default")(hf_sampler)
+    sched = rlcore.get("scheduler", "default")(smollm2_hf_sampler)
     result = await run_rollouts(sched, [prompt], num_generations=2, sampling_params=SamplingParams(max_tokens=8), progress=False)
     trajs = result.trajectories
     assert result.stats["failed"] == 0 and check_batch(trajs, tok) == []
@@ -77,13 +68,13 @@ class PrependsSystem(MultiTurnScheduler):
         return current_turn >= self.max_turns
 
 
-async def test_a_prepended_system_message_reaches_the_model_and_the_prompt_tokens(hf_sampler: Any,
+async def test_a_prepended_system_message_reaches_the_model_and_the_prompt_tokens(smollm2_hf_sampler: Any,
                                                                                    smollm2_tokenizer: Any) -> None:
     tok = smollm2_tokenizer
     messages = [{"role": "user", "content": "Name a colour."}]
     row_ids = encode_prompt(tok, messages)
     assert SMOLLM2_SYSTEM in decode(tok, row_ids)  # what the dataset row encoded: the default system prompt
-    sampler = RecordingSampler(hf_sampler)
+    sampler = RecordingSampler(smollm2_hf_sampler)
     sched = PrependsSystem(sampler, max_turns=2, tokenizer=tok)
     prompts = [Prompt([dict(m) for m in messages], list(row_ids))]
     result = await run_rollouts(sched, prompts, num_generations=2, sampling_params=SamplingParams(max_tokens=8), progress=False)

@@ -23,8 +23,6 @@ from typing import Any
 
 import pytest
 
-import rlcore
-from rlcore.asyncutil import run_sync
 from rlcore.chat_template import decode, encode_prompt, render
 from rlcore.rollout import ToolScheduler, check_batch, run_rollouts
 from rlcore.sampling.base import Sampler
@@ -55,15 +53,8 @@ class FirstTurnScripted(Sampler):
         return await self.real.generate(prompt_ids, params)
 
 
-@pytest.fixture(scope="module")
-def hf_sampler(smollm2_dir: str) -> Any:
-    sampler = rlcore.get("sampler", "hf")(smollm2_dir, seed=0, batch_window_ms=20)
-    yield sampler
-    run_sync(sampler.close())
-
-
 @pytest.mark.filterwarnings("ignore:the chat template .* does not render tool schemas")  # its own test below
-async def test_real_template_tool_conversation_is_token_exact(hf_sampler: Any, smollm2_tokenizer: Any) -> None:
+async def test_real_template_tool_conversation_is_token_exact(smollm2_hf_sampler: Any, smollm2_tokenizer: Any) -> None:
     tok = smollm2_tokenizer
     messages = [{"role": "user", "content": QUESTION}]
     prompt_ids = encode_prompt(tok, messages)
@@ -73,7 +64,7 @@ async def test_real_template_tool_conversation_is_token_exact(hf_sampler: Any, s
     assert encode_prompt(tok, messages, tools=sched.tool_schemas) == prompt_ids
 
     scripted = ScriptedSampler([CALL], tok)  # real tokenizer; ends the call with SmolLM2's eos
-    sampler = RecordingSampler(FirstTurnScripted(scripted, hf_sampler, [prompt_ids]))
+    sampler = RecordingSampler(FirstTurnScripted(scripted, smollm2_hf_sampler, [prompt_ids]))
     sched.sampler = sampler
     prompts = [Prompt([dict(m) for m in messages], list(prompt_ids)) for _ in range(2)]
     result = await run_rollouts(sched, prompts, num_generations=1,
@@ -106,7 +97,7 @@ async def test_real_template_tool_conversation_is_token_exact(hf_sampler: Any, s
 
     # the real turns' logprobs are the model's: the trainer's scoring of the packed batch reproduces
     # them (the scripted call's are the ScriptedSampler's stand-ins, so it is left out)
-    for t, rescored in zip(trajs, trainer_logprobs(trajs, hf_sampler.model, tok.pad_token_id)):
+    for t, rescored in zip(trajs, trainer_logprobs(trajs, smollm2_hf_sampler.model, tok.pad_token_id)):
         at, checked = 0, 0
         for k, turn in enumerate(t.turns):
             if k >= 2 and any(turn.loss_mask):

@@ -25,7 +25,8 @@ What it provides:
   (:mod:`rlcore.testing.smollm2`; never downloaded by the fixture: ``python -m rlcore.testing.smollm2``
   fetches and converts it once). Absent, its tests skip with that command in the reason, and fail
   under ``RLCORE_REQUIRE_SHARED_DATA=1`` like the shared-data tests. ``smollm2_tokenizer`` is its tokenizer,
-  ``smollm2_gguf`` the GGUF file it was converted from.
+  ``smollm2_gguf`` the GGUF file it was converted from,
+  ``smollm2_hf_sampler`` a real ``HFSampler`` on it, one per test module.
 - ``vllm_standin``: a factory that installs :mod:`rlcore.testing.vllm_standin` as ``vllm`` for the
   test (``vllm_standin("0.33.0", **LLM class attributes)`` returns the module), so code built on
   vLLM's offline API runs on a CPU.
@@ -272,6 +273,18 @@ def smollm2_tokenizer(smollm2_dir: str) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(smollm2_dir)
+
+
+@pytest.fixture(scope="module")
+def smollm2_hf_sampler(smollm2_dir: str) -> Iterator[Any]:
+    """A real ``HFSampler`` on SmolLM2 (seed 0), shared by one test module and closed after it."""
+    import asyncio
+
+    from rlcore.sampling.hf import HFSampler
+
+    sampler = HFSampler(smollm2_dir, batch_window_ms=20, seed=0)
+    yield sampler
+    asyncio.run(sampler.close())
 
 
 @pytest.fixture(scope="session")

@@ -14,10 +14,8 @@ Shapes are small (4 episodes, 3 turns, at most 6 tokens a turn).
 
 from __future__ import annotations
 
-import pytest
 
 import rlcore
-from rlcore.asyncutil import run_sync
 from rlcore.chat_template import decode, encode_prompt, render
 from rlcore.rollout import check_batch, run_rollouts
 from rlcore.testing import assert_token_exact
@@ -28,16 +26,9 @@ from rlcore.types import Prompt, SamplingParams
 MAX_TURNS = 3
 
 
-@pytest.fixture(scope="module")
-def hf_sampler(smollm2_dir):
-    sampler = rlcore.get("sampler", "hf")(smollm2_dir, seed=0, batch_window_ms=20)
-    yield sampler
-    run_sync(sampler.close())
-
-
-async def test_real_model_frozen_lake_episodes_are_token_exact(hf_sampler, smollm2_tokenizer):
+async def test_real_model_frozen_lake_episodes_are_token_exact(smollm2_hf_sampler, smollm2_tokenizer):
     tok = smollm2_tokenizer
-    sampler = RecordingSampler(hf_sampler)
+    sampler = RecordingSampler(smollm2_hf_sampler)
     sched = rlcore.get("scheduler", "gym_scheduler")(sampler, tokenizer=tok, env="frozen_lake", max_turns=MAX_TURNS,
                                                      stop=[" ", "\n"], stop_on_truncation=False)
     prompts = [Prompt([], [], data={"env_config": {"seed": i}}) for i in range(2)]
@@ -63,7 +54,7 @@ async def test_real_model_frozen_lake_episodes_are_token_exact(hf_sampler, smoll
         assert [e["turn"] for e in t.infos["env_trace"]] == list(range(1, t.num_turns + 1))
 
     # the trainer's scoring of the packed batch reproduces the sampler's logprobs (fp32)
-    for t, rescored in zip(trajs, trainer_logprobs(trajs, hf_sampler.model, tok.pad_token_id)):
+    for t, rescored in zip(trajs, trainer_logprobs(trajs, smollm2_hf_sampler.model, tok.pad_token_id)):
         assert t.logprobs_complete and sum(t.loss_mask) > 0
         for m, have, want in zip(t.loss_mask, rescored, t.logprobs):
             assert (have is None) == (not m) and (not m or abs(have - want) < 1e-4), (have, want)

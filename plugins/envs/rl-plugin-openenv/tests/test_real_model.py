@@ -37,22 +37,15 @@ def server():
         yield url
 
 
-@pytest.fixture(scope="module")
-def hf_sampler(smollm2_dir):
-    sampler = rlcore.get("sampler", "hf")(smollm2_dir, seed=0, batch_window_ms=20)
-    yield sampler
-    rlcore.asyncutil.run_sync(sampler.close())
-
-
 def episodes(n: int) -> list[Prompt]:
     # 1..1000 with a fixed target: a first guess that wins (a one-turn episode) is a 1-in-1000 event
     reset = {"low": 1, "high": 1000, "target": 737, "max_attempts": 6, "reply": "number", "shaped": True}
     return [Prompt([], [], data={"env_config": {"reset_kwargs": reset}}) for _ in range(n)]
 
 
-async def test_real_model_guess_number_episodes_are_token_exact(server, hf_sampler, smollm2_tokenizer):
+async def test_real_model_guess_number_episodes_are_token_exact(server, smollm2_hf_sampler, smollm2_tokenizer):
     tok = smollm2_tokenizer
-    sampler = RecordingSampler(hf_sampler)
+    sampler = RecordingSampler(smollm2_hf_sampler)
     sched = rlcore.get("scheduler", "openenv_scheduler")(sampler, tokenizer=tok, env_url=server, max_turns=MAX_TURNS,
                                                           stop=[" ", "\n"], stop_on_truncation=False)
     result = await run_rollouts(sched, episodes(2), num_generations=2,
@@ -80,7 +73,7 @@ async def test_real_model_guess_number_episodes_are_token_exact(server, hf_sampl
         assert all(any(w in f for w in ("number", "too", "outside", "Invalid action")) for f in feedback), feedback
 
     # the trainer's scoring of the packed batch reproduces the sampler's logprobs (fp32)
-    for t, rescored in zip(trajs, trainer_logprobs(trajs, hf_sampler.model, tok.pad_token_id)):
+    for t, rescored in zip(trajs, trainer_logprobs(trajs, smollm2_hf_sampler.model, tok.pad_token_id)):
         assert t.logprobs_complete and sum(t.loss_mask) > 0
         for m, have, want in zip(t.loss_mask, rescored, t.logprobs):
             assert (have is None) == (not m) and (not m or abs(have - want) < 1e-4), (have, want)

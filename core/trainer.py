@@ -697,7 +697,17 @@ class GRPOTrainer(Trainer):
             if self.progress_callback is not None:
                 self.progress_callback.stop()
             if self.args.plots and self.args.should_save:
-                self.plot_paths = write_plots(self.args.output_dir, max_completion_length=self.args.max_completion_length)
+                self._write_plots()
+
+    def _write_plots(self) -> None:
+        """The PNG plots, a courtesy: a failure to draw or write them is one warning line, never an
+        error that costs the final model or hides the error a run stopped with."""
+        try:
+            self.plot_paths = write_plots(self.args.output_dir, max_completion_length=self.args.max_completion_length)
+        except Exception as exc:  # noqa: BLE001 - any plotting fault; the run's outcome stands
+            self.plot_paths = []
+            logger.warning("could not write the plots to %s: %s: %s (the run is unaffected; metrics.jsonl has every value)",
+                           os.path.join(self.args.output_dir, "plots"), type(exc).__name__, exc)
 
     def _issue_warnings_after_load(self, load_result: Any) -> None:
         """A tied head (``lm_head.weight`` is ``embed_tokens.weight``) is not written into a checkpoint,

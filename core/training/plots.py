@@ -58,7 +58,17 @@ def write_plots(output_dir: str, max_completion_length: int | None = None) -> li
     rows = read_jsonl(output_dir)
     if not rows:
         return []
-    import matplotlib
+    # the plots are always drawn with Agg: a bad MPLBACKEND in the user's environment (which fails
+    # matplotlib's import) is not theirs to choose here
+    backend = os.environ.get("MPLBACKEND")
+    os.environ["MPLBACKEND"] = "Agg"
+    try:
+        import matplotlib
+    finally:
+        if backend is None:
+            os.environ.pop("MPLBACKEND", None)
+        else:
+            os.environ["MPLBACKEND"] = backend
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt

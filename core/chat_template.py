@@ -61,6 +61,45 @@ def set_chat_template_kwargs(tokenizer: Any, kwargs: dict[str, Any] | None) -> N
         _TEMPLATE_KWARGS.pop(tokenizer, None)
 
 
+#: how a multi-turn conversation becomes training sequences (``GRPOConfig.multi_turn_mode``)
+MULTI_TURN_MODES = ("auto", "append", "per_turn")
+_MULTI_TURN_MODE: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+
+
+def check_multi_turn_mode(mode: Any) -> str:
+    if mode not in MULTI_TURN_MODES:
+        raise ConfigError(f"multi_turn_mode {mode!r} is not one of {', '.join(MULTI_TURN_MODES)}")
+    return str(mode)
+
+
+def set_multi_turn_mode(tokenizer: Any, mode: str) -> None:
+    """How every rollout of ``tokenizer``'s conversations extends them after a turn:
+
+    * ``append`` — one sequence per episode: the template's delta for the new messages is appended
+      to the sampled tokens; a template that is not prefix-preserving fails the trajectory loudly;
+    * ``per_turn`` — every assistant turn after the first is a sample of its own, its prompt the
+      template's rendering of the whole conversation so far (what the model is given), its
+      completion the sampled tokens (see :meth:`~rlcore.types.Turn.restart`);
+    * ``auto`` (the default) — ``append`` wherever the template appends, a new sample at the turns
+      where it rewrites the history (a thinking template dropping earlier ``<think>`` blocks)."""
+    mode = check_multi_turn_mode(mode)
+    try:
+        if mode == "auto":
+            _MULTI_TURN_MODE.pop(tokenizer, None)
+        else:
+            _MULTI_TURN_MODE[tokenizer] = mode
+    except TypeError:
+        raise ConfigError(f"multi_turn_mode: a {type(tokenizer).__name__} cannot carry it; pass a transformers tokenizer") from None
+
+
+def multi_turn_mode(tokenizer: Any) -> str:
+    """The mode set for ``tokenizer`` (``"auto"`` when none was)."""
+    try:
+        return _MULTI_TURN_MODE.get(tokenizer) or "auto"
+    except TypeError:
+        return "auto"
+
+
 def chat_template_kwargs(tokenizer: Any) -> dict[str, Any]:
     """The extra chat-template arguments set for ``tokenizer`` (``{}`` when none)."""
     try:
@@ -138,7 +177,8 @@ def not_prefix_error(old: str, new: str, new_messages: Sequence[dict[str, Any]])
         "the chat template is not prefix-preserving: adding "
         f"{[m.get('role') for m in new_messages]} message(s) changes earlier text at char {at} "
         f"({old[max(0, at - 20):at + 20]!r} became {new[max(0, at - 20):at + 20]!r}); "
-        "use a template that only appends (ChatML/Qwen style) or return response_token_ids from step"
+        "multi_turn_mode auto or per_turn trains each such turn as a sample of its own; or use a template that "
+        "only appends (ChatML style), or return response_token_ids from step"
     )
 
 

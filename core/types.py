@@ -85,9 +85,11 @@ class Turn:
     token_ids: list[int]
     loss_mask: list[int]
     logprobs: list[float | None]
-    role: str = "assistant"  # "assistant" for sampled text, else "user"/"tool"/"observation"/"tip"
+    role: str = "assistant"  # "assistant" for sampled text, else "user"/"tool"/"observation"/"tip"/"prompt"
     text: str = ""
     finish_reason: str | None = None
+    #: a ``"prompt"`` turn only: how many leading messages its tokens render (see :meth:`restart`)
+    messages: int | None = None
 
     def __attrs_post_init__(self) -> None:
         n = len(self.token_ids)
@@ -117,6 +119,25 @@ class Turn:
     def observation(cls, token_ids: Iterable[int], role: str = "user", text: str = "") -> "Turn":
         ids = list(token_ids)
         return cls(token_ids=ids, loss_mask=[0] * len(ids), logprobs=[None] * len(ids), role=role, text=text)
+
+
+    @classmethod
+    def restart(cls, token_ids: Iterable[int], *, messages: int, text: str = "") -> "Turn":
+        """A new per-turn sample starts here (``multi_turn_mode`` ``per_turn``/``auto``): its tokens
+        are the whole prompt the sampler is given for the next turn, the template's rendering of the
+        first ``messages`` messages with the generation prompt. Loss mask 0; the trainer scores
+        them as that sample's prompt, never after the tokens before them."""
+        ids = list(token_ids)
+        return cls(token_ids=ids, loss_mask=[0] * len(ids), logprobs=[None] * len(ids), role=PROMPT_ROLE, text=text,
+                   messages=int(messages))
+
+    @property
+    def is_restart(self) -> bool:
+        return self.role == PROMPT_ROLE and self.messages is not None
+
+
+#: Turn.role of a per-turn sample's prompt (see :meth:`Turn.restart`)
+PROMPT_ROLE = "prompt"
 
 
 def _new_uuid() -> str:
@@ -165,7 +186,69 @@ class Trajectory:
 
     @property
     def input_ids(self) -> list[int]:
+        """Every token in order: ``prompt_ids + completion_ids``. With per-turn samples (a
+        ``"prompt"`` turn inside, see :meth:`Turn.restart`) this is not one sequence the model saw:
+        use :meth:`turn_samples` (the trainer does) or :attr:`sample_input_ids`."""
         return list(self.prompt_ids) + self.completion_ids
+
+    @property
+    def sample_input_ids(self) -> list[int]:
+        """The tokens of the sample being built: what the sampler is given for the next turn (all
+        of :attr:`input_ids` unless a per-turn sample started, then that sample's prompt and on)."""
+        for k in range(len(self.turns) - 1, -1, -1):
+            if self.turns[k].is_restart:
+                return [t for turn in self.turns[k:] for t in turn.token_ids]
+        return self.input_ids
+
+    @property
+    def has_turn_samples(self) -> bool:
+        return any(t.is_restart for t in self.turns)
+
+    def turn_samples(self) -> list["Trajectory"]:
+        """The sequences the trainer scores: ``[self]``, or, where per-turn samples started (a template
+        that is not prefix-preserving, ``multi_turn_mode``), one view per sample: its prompt the exact
+        tokens the sampler was given, its turns what followed up to the next sample, its messages the
+        conversation up to its last assistant message. Views share the episode's uuid, group,
+        rewards and data (one episode, one advantage); the last keeps the episode's status."""
+        cuts = [i for i, t in enumerate(self.turns) if t.is_restart]
+        if not cuts:
+            return [self]
+        out: list[Trajectory] = []
+        starts = [-1] + cuts
+        for k, c in enumerate(starts):
+            stop = starts[k + 1] if k + 1 < len(starts) else len(self.turns)
+            turns = self.turns[c + 1:stop]
+            infos = dict(self.infos)
+            if c < 0:
+                prompt = list(self.prompt_ids)
+                first = None
+            else:
+                prompt = list(self.turns[c].token_ids)
+                first = int(self.turns[c].messages or 0)
+                infos["prompt_messages"] = first
+                infos.pop("prompt_truncated", None)
+            if k + 1 < len(starts):  # up to the last assistant message this sample holds
+                upto = int(self.turns[stop].messages or 0)
+                while upto > 0 and (self.messages[upto - 1].get("role") if upto <= len(self.messages) else None) != "assistant":
+                    upto -= 1
+                messages = self.messages[:upto]
+                last = next((t for t in reversed(turns) if any(t.loss_mask)), None)
+                status = "failed" if self.status == "failed" else (
+                    "truncated" if last is not None and last.finish_reason == "length" else "ok")
+                reason = self.reason if self.status == "failed" else None
+            else:
+                messages, status, reason = list(self.messages), self.status, self.reason
+            trained = infos.get("trained_messages")
+            if isinstance(trained, list):
+                lo = first if first is not None else -1
+                infos["trained_messages"] = [i for i in trained if lo <= i < len(messages)]
+            infos["turn_sample"] = k
+            out.append(Trajectory(
+                prompt_ids=prompt, messages=messages, data=self.data, uuid=self.uuid, group_id=self.group_id,
+                turns=list(turns), step_rewards=self.step_rewards, rewards=self.rewards, reward=self.reward,
+                infos=infos, status=status, reason=reason,
+                num_turns=sum(1 for t in turns if any(t.loss_mask)), policy_version=self.policy_version))
+        return out
 
     @property
     def logprobs_complete(self) -> bool:

@@ -10,12 +10,14 @@ import pytest
 import rlcore
 from rlcore.rollout import (
     MultiTurnScheduler,
+    check_batch,
     RolloutOutput,
     RolloutScheduler,
     encode_prompt,
     render,
     run_rollouts,
 )
+from rlcore.chat_template import set_multi_turn_mode
 from rlcore.testing import ScriptedSampler
 from rlcore.types import Completion, Prompt, SamplingParams, Trajectory
 
@@ -311,10 +313,20 @@ async def test_non_prefix_preserving_template_is_a_clear_error(tok: Any) -> None
     assert tok.decode(good) == "<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n"
 
     msgs = [{"role": "user", "content": "hi"}]
+    set_multi_turn_mode(bad, "append")  # one sequence per episode, or a loud failure
     res = await run_rollouts(AskAgain(ScriptedSampler(["yo", "ok"], bad), tokenizer=bad, max_turns=2),
                              [Prompt(msgs, encode_prompt(bad, msgs))], progress=False)
     t = res.trajectories[0]
     assert t.status == "failed" and "AskAgain turn 1: ChatTemplateError: the chat template is not prefix-preserving" in t.reason
+    assert "multi_turn_mode auto or per_turn" in t.reason  # the way out, named
+
+    set_multi_turn_mode(bad, "auto")  # the default: turn 2 is a sample of its own, its prompt re-rendered
+    res = await run_rollouts(AskAgain(ScriptedSampler(["yo", "ok"], bad), tokenizer=bad, max_turns=2),
+                             [Prompt(msgs, encode_prompt(bad, msgs))], progress=False)
+    t = res.trajectories[0]
+    assert t.status == "ok" and [turn.role for turn in t.turns] == ["assistant", "prompt", "assistant"]
+    assert bad.decode(t.turns[1].token_ids) == bad.apply_chat_template(t.messages[:3], tokenize=False, add_generation_prompt=True)
+    assert not check_batch([t], bad)
 
 
 async def test_rewriting_history_fails_the_trajectory(tok: Any) -> None:

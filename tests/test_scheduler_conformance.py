@@ -35,7 +35,10 @@ from rlcore.rollout import encode_prompt, run_rollouts
 from rlcore.rollout.options import plugin_options
 from rlcore.rollout.scheduler import build_scheduler
 from rlcore.sampling.base import Sampler
+from rlcore.chat_template import set_multi_turn_mode
+from rlcore.rollout import check_batch
 from rlcore.testing import THINK_DROPPING_TEMPLATE, ScriptedSampler
+from rlcore.testing.multi_turn import RecordingSampler, assert_rows_are_sampler_calls
 from rlcore.types import Completion, Prompt, SamplingParams, Trajectory
 
 PARAMS = SamplingParams(max_tokens=24)
@@ -374,15 +377,49 @@ async def test_length_cut_is_truncated(tok: Any) -> None:
 
 
 async def test_think_blocks_in_history(tok: Any) -> None:
-    """With a think-dropping template a step scheduler cannot be token-exact once a <think> block
-    enters the history: the trajectory fails with a reason naming the scheduler and the turn."""
+    """With a think-dropping template and ``multi_turn_mode="append"`` a step scheduler cannot be
+    token-exact once a <think> block enters the history: the trajectory fails with a reason naming
+    the scheduler and the turn."""
     s = scripted(tok, ["<think>hmm</think>no", "<think>hmm</think>no", "yes", "yes"])  # both requests think first
-    res = await run_rollouts(AskAgain(s, max_turns=3), prompts(tok), sampling_params=PARAMS, progress=False)
+    set_multi_turn_mode(tok, "append")
+    try:
+        res = await run_rollouts(AskAgain(s, max_turns=3), prompts(tok), sampling_params=PARAMS, progress=False)
+    finally:
+        set_multi_turn_mode(tok, "auto")
     if is_prefix_preserving(tok):
         assert_sound(res.trajectories, tok, s)
     else:
         for t in res.trajectories:
             assert t.status == "failed" and t.reason.startswith("scheduler AskAgain turn 1: ChatTemplateError")
+
+
+@pytest.mark.parametrize("mode", ["auto", "per_turn"])
+async def test_think_blocks_in_history_as_per_turn_samples(tok: Any, mode: str) -> None:
+    """The same conversation under ``auto`` (the default) and ``per_turn``: every episode trains, and
+    every row the trainer packs is one sampler call verbatim after exactly the prompt it was given.
+    ``auto`` starts a new sample only where the template rewrites the history; ``per_turn`` at
+    every turn after the first."""
+    def respond(prompt_ids: list[int], params: Any, index: int) -> str:  # turn 1 thinks, turn 2 does not, turn 3 ends it
+        return ["<think>hmm</think>no", "no", "yes"][tok.decode(prompt_ids).count("again")]
+
+    s = RecordingSampler(ScriptedSampler(tokenizer=tok, respond=respond))
+    set_multi_turn_mode(tok, mode)
+    try:
+        res = await run_rollouts(AskAgain(s, max_turns=3), prompts(tok), sampling_params=PARAMS, progress=False)
+        assert all(t.status == "ok" for t in res.trajectories), [t.reason for t in res.trajectories]
+        assert not check_batch(res.trajectories, tok)
+        rows = assert_rows_are_sampler_calls(res.trajectories, s.records, tok)
+    finally:
+        set_multi_turn_mode(tok, "auto")
+    n = len(res.trajectories)
+    if mode == "per_turn":
+        assert rows == 3 * n  # three turns, three samples each
+    elif is_prefix_preserving(tok):
+        assert rows == n and not any(t.has_turn_samples for t in res.trajectories)
+    else:  # the <think> of turn 1 is dropped from turn 2's history: a new sample there; turn 3 appends
+        assert rows == 2 * n
+        assert all([turn.role for turn in t.turns] == ["assistant", "prompt", "assistant", "user", "assistant"]
+                   for t in res.trajectories)
 
 
 async def test_run_with_per_round_token_ids(tok: Any) -> None:

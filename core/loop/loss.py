@@ -45,11 +45,40 @@ def pack(trajectories: Sequence[Trajectory], advantages: Any, pad_token_id: int,
         from ..errors import ConfigError
 
         raise ConfigError(f"{len(adv)} advantages for {len(trajs)} trajectories; give one per trajectory")
+    trajs, adv = expand_turn_samples(trajs, adv)
     batch = Batch.from_trajectories(trajs, adv, pad_token_id)
     for i, t in enumerate(trajs):
         if t.status == "failed" or (mask_truncated and t.status == "truncated"):
             batch.completion_mask[i] = 0
     return batch.to(device) if device is not None else batch
+
+
+def expand_turn_samples(trajectories: Sequence[Trajectory], advantages: list[Any]) -> tuple[list[Trajectory], list[Any]]:
+    """One row per per-turn sample (:meth:`Trajectory.turn_samples`); a trajectory without them is
+    one row, as before. Every sample of an episode carries the episode's advantage; a per-token
+    advantage list (step-level estimators) is cut along the sample's turns (a sample's prompt
+    tokens, the ``"prompt"`` turn, carry none). Failed and truncated episodes mask every sample
+    of theirs (the last sample keeps the episode's status; earlier ones a failed episode's)."""
+    if not any(t.has_turn_samples for t in trajectories):
+        return list(trajectories), list(advantages)
+    rows: list[Trajectory] = []
+    values: list[Any] = []
+    for traj, a in zip(trajectories, advantages):
+        samples = traj.turn_samples()
+        if isinstance(a, (list, tuple)):
+            pos, spans = 0, {}
+            for turn in traj.turns:
+                spans[id(turn)] = (pos, pos + len(turn.token_ids))
+                pos += len(turn.token_ids)
+            for s in samples:
+                values.append([v for turn in s.turns for v in a[spans[id(turn)][0]:spans[id(turn)][1]]])
+        else:
+            values.extend([a] * len(samples))
+        if traj.status == "truncated":  # the episode was cut: none of its samples counts as complete
+            for s in samples:
+                s.status = "truncated"
+        rows.extend(samples)
+    return rows, values
 
 
 def pad_to_multiple(batch: Batch, multiple: int | None, pad_token_id: int) -> Batch:

@@ -81,6 +81,10 @@ def check_trajectory(
     ``require_logprobs``: True — every mask-1 token needs one; None (default) — all or none (a
     backend that returns no logprobs at all is allowed: importance-sampling correction is then off
     for the trajectory; some present and some missing means they were lost or misaligned)."""
+    if traj.has_turn_samples:  # per-turn samples: each is held to its own prompt and messages
+        return [v for sample in traj.turn_samples()
+                for v in check_trajectory(sample, tokenizer, tools=tools, require_logprobs=require_logprobs, closing=closing,
+                                          memo=memo)]
     out: list[Violation] = []
     own_tools = traj.infos.get("template_tools")
     if isinstance(own_tools, list):  # this trajectory's template rendered its own tools
@@ -138,6 +142,12 @@ def check_trajectory(
         out.append(Violation(traj.uuid, "tokens", str(exc)))
         return out
     if not want_all.startswith(want_prompt) or not have_all.startswith(have_prompt):
+        if traj.infos.get("turn_sample") is not None and all(all(t.loss_mask) for t in traj.turns):
+            # a per-turn sample that is its prompt then sampled tokens only: the prompt is checked
+            # above and the rest is what the sampler returned; a template that renders the head
+            # of a longer conversation differently (the reason this is a sample of its own) says
+            # nothing against it
+            return out
         out.append(Violation(traj.uuid, "tokens", "the rendering of the final messages does not start with the "
                              "rendering of the prompt messages (earlier messages were rewritten)", 0))
         return out

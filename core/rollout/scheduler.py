@@ -269,7 +269,7 @@ class RolloutScheduler(SwiftHelpers):
                 traj.status, traj.reason = "running", None
             out = await await_me_maybe(self.step(traj, choice, turn))
             self.apply_step(traj, out, turn)
-            if self.max_total_tokens and len(traj.input_ids) >= self.max_total_tokens:
+            if self.max_total_tokens and len(traj.sample_input_ids) >= self.max_total_tokens:
                 traj.status, traj.reason = "truncated", f"max_total_tokens ({self.max_total_tokens}) reached"
         if traj.status == "running":
             traj.status = "ok"
@@ -318,7 +318,7 @@ class RolloutScheduler(SwiftHelpers):
         st = self.stream(trajectory)
         st.sync(trajectory)
         params = as_sampling_params(params, self.sampling_params) or SamplingParams()
-        ids = trajectory.input_ids
+        ids = trajectory.sample_input_ids
         if self.max_total_tokens:
             room = self.max_total_tokens - len(ids)
             if room <= 0:

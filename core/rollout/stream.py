@@ -216,24 +216,38 @@ class TokenStream:
         if head is None:
             head = tk.render(self.tokenizer, synced[:last], add_generation_prompt=True, tools=self.tools)
         after = tk.render(self.tokenizer, list(synced) + list(new), add_generation_prompt=True, tools=self.tools)
-        if not after.startswith(head):
-            raise tk.not_prefix_error(head, after, new)
-        if after[len(head):].startswith(streamed):
+        mode = tk.multi_turn_mode(self.tokenizer)
+        text: str | None = None
+        problem: tk.ChatTemplateError | None = None
+        if mode == "per_turn":
+            pass
+        elif not after.startswith(head):
+            problem = tk.not_prefix_error(head, after, new)
+        elif after[len(head):].startswith(streamed):
             # common case, one render per turn: the template shows the assistant text as streamed,
             # so everything after it (closing "\n", new messages, next header) is the observation
             text = after[len(head) + len(streamed):]
         else:  # the template rewrites assistant text (strip, <think> removal …): close it generically
             full = tk.render(self.tokenizer, synced, tools=self.tools)
             closing = tk.assistant_closing(self.tokenizer, synced[:last], synced[last], streamed, tools=self.tools, head=head, full=full)
-            if not after.startswith(full):
-                raise tk.not_prefix_error(full, after, new)
-            text = closing + after[len(full):]
+            if after.startswith(full):
+                text = closing + after[len(full):]
+            else:
+                problem = tk.not_prefix_error(full, after, new)
+        if problem is not None and mode == "append":
+            raise problem
         self.head = (len(synced) + len(new), after)
         if assistant_open:
             self.closed_ids[last] = [t for turn in trajectory.turns[self.gen_start:] for t in turn.token_ids]
-        ids = tk.encode_text(self.tokenizer, text)
-        role = str(new[0].get("role") or "user")
-        trajectory.turns.append(Turn.observation(ids, role=role, text=text))
+        if text is None:
+            # a sample of its own: the whole conversation as the template renders it now is the
+            # prompt the sampler gets, exactly (nothing before it is scored with it)
+            trajectory.turns.append(Turn.restart(tk.encode_text(self.tokenizer, after), messages=len(synced) + len(new),
+                                                 text=after))
+        else:
+            ids = tk.encode_text(self.tokenizer, text)
+            role = str(new[0].get("role") or "user")
+            trajectory.turns.append(Turn.observation(ids, role=role, text=text))
         synced.extend(copy.deepcopy(list(new)))
         self.open = False
         self.gen_start = len(trajectory.turns)

@@ -141,3 +141,61 @@ def trainer_logprobs(trajectories: Sequence[Any], model: Any, pad_token_id: int)
         row = logps[i, p:p + len(t.loss_mask)].tolist()
         out.append([lp if m else None for lp, m in zip(row, t.loss_mask)])
     return out
+
+
+def assert_rows_are_sampler_calls(trajectories: Sequence[Any], records: Sequence[tuple[list[int], Completion]],
+                                  tokenizer: Any, tools: list[dict[str, Any]] | None = None, *, every_call: bool = True) -> int:
+    """The rule "the trainer scores exactly the tokens that were sampled", checked on the rows the
+    trainer really packs (:func:`rlcore.loop.loss.pack`, append and per-turn samples alike): in
+    every row, each run of trained (mask 1) tokens is one recorded completion verbatim, with its
+    logprobs, and the tokens before it are exactly the prompt the sampler was given for it; every
+    row's prompt (the tokens before its first trained token) is the template's rendering, with the
+    generation prompt, of the messages before one of the episode's assistant messages. Returns the
+    number of rows. ``every_call``: also assert every record is trained (pass the records of these
+    episodes only, none failed); a record is never trained twice."""
+    from ..loop.loss import pack
+
+    trajs = [t for t in trajectories if t.status != "failed"]
+    batch = pack(trajs, [0.0] * len(trajs), int(getattr(tokenizer, "pad_token_id", None) or 0))
+    calls = {}
+    for n, (prompt, completion) in enumerate(records):
+        calls.setdefault(tuple(prompt), []).append((n, completion))
+    used: set[int] = set()
+    renders: dict[str, set[str]] = {}
+    for t in trajs:
+        msgs = t.messages
+        renders[t.uuid] = {render(tokenizer, msgs[:i], tools=tools, add_generation_prompt=True)
+                           for i, m in enumerate(msgs) if m.get("role") == "assistant"}
+    rows = batch.input_ids.shape[0]
+    row_owner = [t for t in trajs for _ in t.turn_samples()]
+    assert len(row_owner) == rows, f"{rows} rows packed for {len(row_owner)} samples"
+    for r in range(rows):
+        n = int(batch.attention_mask[r].sum())
+        ids = batch.input_ids[r, :n].tolist()
+        mask = batch.completion_mask[r, :n].tolist()
+        lps = batch.sampler_logps[r, :n].tolist()
+        first = mask.index(1.0) if 1.0 in mask else n
+        prompt_text = decode(tokenizer, ids[:first])
+        assert prompt_text in renders[row_owner[r].uuid], (
+            f"row {r}: its prompt is not the template's rendering of the messages before any assistant message: "
+            f"{prompt_text[-120:]!r}")
+        p = 0
+        while p < n:
+            if mask[p] != 1.0:
+                p += 1
+                continue
+            q = p
+            while q < n and mask[q] == 1.0:
+                q += 1
+            given = calls.get(tuple(ids[:p]))
+            assert given, f"row {r}: the sampler was never given the {p} tokens before its trained tokens at {p}"
+            match = [(k, c) for k, c in given if list(c.token_ids) == ids[p:q] and k not in used]
+            assert match, f"row {r}: trains on {ids[p:q]} after a prompt the sampler answered with {[c.token_ids for _, c in given]}"
+            k, c = match[0]
+            used.add(k)
+            if c.logprobs is not None:
+                assert all(abs(a - b) < 1e-6 for a, b in zip(lps[p:q], c.logprobs)), f"row {r}: logprobs differ from the sampler's"
+            p = q
+    lost = [k for k in range(len(records)) if k not in used]
+    assert not (every_call and lost), f"sampler calls {lost} are in no row"
+    return rows

@@ -100,6 +100,169 @@ def multi_turn_mode(tokenizer: Any) -> str:
         return "auto"
 
 
+#: tokenizer -> the chat template its run renders with instead of its own (``--chat-template``,
+#: a family's training template); the tokenizer itself, and so the saved model, keeps its own
+_TEMPLATE_OVERRIDE: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+
+
+def set_chat_template(tokenizer: Any, template: str | None) -> None:
+    """Render every conversation of ``tokenizer``'s run with ``template`` (``None``: its own again)."""
+    try:
+        if template is None:
+            _TEMPLATE_OVERRIDE.pop(tokenizer, None)
+        else:
+            _TEMPLATE_OVERRIDE[tokenizer] = str(template)
+    except TypeError:
+        raise ConfigError(f"a chat template override needs a transformers tokenizer, not a {type(tokenizer).__name__}") from None
+
+
+def chat_template_override(tokenizer: Any) -> str | None:
+    try:
+        return _TEMPLATE_OVERRIDE.get(tokenizer)
+    except TypeError:
+        return None
+
+
+def effective_chat_template(tokenizer: Any) -> str | None:
+    """The template text the run renders with (its override, else the tokenizer's default one)."""
+    override = chat_template_override(tokenizer)
+    if override is not None:
+        return override
+    tpl = getattr(tokenizer, "chat_template", None)
+    if isinstance(tpl, dict):
+        tpl = tpl.get("default")
+    return tpl if isinstance(tpl, str) else None
+
+
+def template_takes(tokenizer: Any, name: str) -> bool:
+    """Whether the run's chat template reads the variable ``name`` (e.g. ``preserve_thinking``)."""
+    tpl = effective_chat_template(tokenizer)
+    if not tpl:
+        return False
+    try:
+        import jinja2
+        from jinja2 import meta
+
+        return name in meta.find_undeclared_variables(jinja2.Environment().parse(tpl))
+    except Exception:  # noqa: BLE001 - a template jinja2 alone cannot parse (transformers' extensions)
+        return name in tpl
+
+
+#: the conversation shape the run's template is probed with: a model that thinks before it answers,
+#: asked again twice (what thinking templates rewrite: earlier turns' reasoning)
+_PROBE = ({"role": "user", "content": "Pick a number from 1 to 9."},
+          {"role": "assistant", "content": "<think>\nA middle guess.\n</think>\n\n5"},
+          {"role": "user", "content": "Higher."},
+          {"role": "assistant", "content": "<think>\nBetween 6 and 9.\n</think>\n\n7"},
+          {"role": "user", "content": "Lower."})
+
+
+def probe_appends(tokenizer: Any, tools: list[dict[str, Any]] | None = None) -> ChatTemplateError | None:
+    """Play the probe conversation the way a rollout extends it (each reply streamed after the
+    assistant header, then the next user message appended): ``None`` when every turn appends
+    exactly, else the first turn's reason."""
+    msgs = list(_PROBE)
+    try:
+        head = render(tokenizer, msgs[:1], add_generation_prompt=True, tools=tools)
+        for k in (1, 3):
+            after = render(tokenizer, msgs[:k + 2], add_generation_prompt=True, tools=tools)
+            text, problem = appended_text(tokenizer, msgs[:k + 1], msgs[k + 1:k + 2], str(msgs[k]["content"]),
+                                          tools=tools, head=head, after=after)
+            if problem is not None:
+                return problem
+            head = after
+    except ChatTemplateError as exc:
+        return exc
+    return None
+
+
+def prepare_multi_turn(
+    tokenizer: Any,
+    mode: str = "auto",
+    *,
+    chat_template: str | None = None,
+    tools: list[dict[str, Any]] | None = None,
+) -> str:
+    """Set up how the run's multi-turn conversations become training sequences and say how, in one
+    line for the run header. ``chat_template``: a template file (or text) to render with instead of
+    the tokenizer's own. Otherwise, unless ``mode`` is ``per_turn``, a template that does not append
+    exactly is made to where the family allows it: ``preserve_thinking=True`` for a template that
+    takes it (Qwen3.6 and later) and the user did not set it, else the family's prefix-preserving
+    training template from TRL (``trl.chat_template_utils.get_training_chat_template``)."""
+    mode = check_multi_turn_mode(mode)
+    set_chat_template(tokenizer, None)
+    source = "the chat template"
+    if chat_template:
+        text = chat_template
+        if "{" not in chat_template:  # a path
+            from pathlib import Path
+
+            try:
+                text = Path(chat_template).read_text(encoding="utf-8")
+            except OSError as exc:
+                raise ConfigError(f"chat_template {chat_template!r} cannot be read ({exc.strerror or exc}); "
+                                  "pass a Jinja template file") from None
+            source = f"the chat template {chat_template}"
+        set_chat_template(tokenizer, text)
+    set_multi_turn_mode(tokenizer, mode)
+    if mode == "per_turn":
+        return "per_turn: every assistant turn after the first is a sample of its own (its prompt re-rendered)"
+    problem = probe_appends(tokenizer, tools)
+    fixed = ""
+    if problem is not None and not chat_template:
+        kwargs = chat_template_kwargs(tokenizer)
+        if template_takes(tokenizer, "preserve_thinking") and "preserve_thinking" not in kwargs:
+            set_chat_template_kwargs(tokenizer, {**kwargs, "preserve_thinking": True})
+            problem = probe_appends(tokenizer, tools)
+            if problem is None:
+                fixed = "preserve_thinking=True (the template keeps earlier turns' reasoning)"
+            else:
+                set_chat_template_kwargs(tokenizer, kwargs)
+        if problem is not None:
+            training = trl_training_template(tokenizer)
+            if training is not None:
+                set_chat_template(tokenizer, training)
+                problem = probe_appends(tokenizer, tools)
+                if problem is None:
+                    fixed = "TRL's prefix-preserving training template of this family (the saved model keeps its own)"
+                else:
+                    set_chat_template(tokenizer, None)
+                    problem = probe_appends(tokenizer, tools)
+    if problem is None:
+        return f"{mode}: one sequence per episode, {fixed or source + ' appends exactly'}"
+    why = str(problem).split(":", 1)[-1].split(";")[0].strip()
+    if mode == "append":
+        return (f"append, but {source} does not append exactly ({why}): a trajectory whose history it rewrites fails; "
+                "multi_turn_mode auto trains such turns as samples of their own")
+    return (f"auto: a sample per turn where {source} rewrites the history ({why}), one sequence per episode elsewhere; "
+            "each such turn re-encodes the conversation")
+
+
+def trl_training_template(tokenizer: Any) -> str | None:
+    """The family's prefix-preserving training template TRL ships for the run's template, if any."""
+    try:
+        from trl.chat_template_utils import get_training_chat_template
+    except Exception:  # noqa: BLE001 - TRL absent or broken: no family templates
+        return None
+    tpl = effective_chat_template(tokenizer)
+    if tpl is None:
+        return None
+
+    class _View:  # what the helper reads: the template text, and a renderer for its tool probe
+        chat_template = tpl
+
+        @staticmethod
+        def apply_chat_template(*args: Any, **kwargs: Any) -> Any:
+            kwargs.setdefault("chat_template", tpl)
+            return tokenizer.apply_chat_template(*args, **kwargs)
+
+    try:
+        out = get_training_chat_template(_View())  # type: ignore[arg-type]
+    except Exception:  # noqa: BLE001 - a helper failure means: no known training template
+        return None
+    return out if isinstance(out, str) and out != tpl else None
+
+
 def chat_template_kwargs(tokenizer: Any) -> dict[str, Any]:
     """The extra chat-template arguments set for ``tokenizer`` (``{}`` when none)."""
     try:
@@ -118,6 +281,9 @@ def render(
 ) -> str:
     """The chat template's text for ``messages`` (never token ids: see transformers 5 notes)."""
     kwargs: dict[str, Any] = {**chat_template_kwargs(tokenizer), "tokenize": False, "add_generation_prompt": add_generation_prompt}
+    override = chat_template_override(tokenizer)
+    if override is not None:
+        kwargs["chat_template"] = override
     if tools:
         kwargs["tools"] = tools
     if continue_final_message:
@@ -168,6 +334,42 @@ def template_delta(
     if not new.startswith(old):
         raise not_prefix_error(old, new, new_messages)
     return new[len(old):]
+
+
+def appended_text(
+    tokenizer: Any,
+    synced: Sequence[dict[str, Any]],
+    new_messages: Sequence[dict[str, Any]],
+    streamed: str,
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    head: str | None = None,
+    after: str | None = None,
+) -> tuple[str | None, ChatTemplateError | None]:
+    """The text to append after an assistant message streamed as ``streamed`` (the last of
+    ``synced``) when ``new_messages`` follow it — the closing the stream lacks, the new messages and
+    the next assistant header — or ``(None, why)`` when the template renders the longer
+    conversation so that the tokens so far are not its start (it rewrites history).
+
+    ``head``: the rendering, with the generation prompt, of the messages before that assistant
+    message; ``after``: of every message with the new ones, with the generation prompt."""
+    last = len(synced) - 1
+    if head is None:
+        head = render(tokenizer, synced[:last], add_generation_prompt=True, tools=tools)
+    if after is None:
+        after = render(tokenizer, list(synced) + list(new_messages), add_generation_prompt=True, tools=tools)
+    if not after.startswith(head):
+        return None, not_prefix_error(head, after, new_messages)
+    if after[len(head):].startswith(streamed):
+        # common case, one render per turn: the template shows the assistant text as streamed, so
+        # everything after it (closing "\n", new messages, next header) is the observation
+        return after[len(head) + len(streamed):], None
+    # the template rewrites assistant text (strip, <think> removal …): close it generically
+    full = render(tokenizer, synced, tools=tools)
+    closing = assistant_closing(tokenizer, synced[:last], synced[last], streamed, tools=tools, head=head, full=full)
+    if after.startswith(full):
+        return closing + after[len(full):], None
+    return None, not_prefix_error(full, after, new_messages)
 
 
 def not_prefix_error(old: str, new: str, new_messages: Sequence[dict[str, Any]]) -> ChatTemplateError:

@@ -40,7 +40,7 @@ from .asyncutil import run_sync
 from .errors import ConfigError, RewardFunctionError
 from .plugins import RunHooks
 from .rewards import RewardContext, check_reward_columns, compute_rewards, normalize_then_sum
-from .chat_template import set_chat_template_kwargs
+from .chat_template import prepare_multi_turn, set_chat_template_kwargs
 from .loop.loss import advantage_list, batch_logprobs, batch_loss, high_entropy_mask, pack, pad_to_multiple
 from .loop.rollout import rollout_batch
 from .loop.sync import sync_weights as sync_policy_weights
@@ -187,6 +187,8 @@ class GRPOTrainer(Trainer):
         model = resolve_model(model)  # a .gguf file: its converted float32 directory, for every part of the run
         tokenizer = load_tokenizer(model, processing_class)
         set_chat_template_kwargs(tokenizer, args.chat_template_kwargs)  # every render of the policy's conversations
+        #: how multi-turn episodes become sequences (the run header's ``multi-turn`` line)
+        self.multi_turn_note = prepare_multi_turn(tokenizer, args.multi_turn_mode, chat_template=args.chat_template)
         model = apply_peft(load_model(model, args, quantization_config), args, peft_config)
         self.router_aux = router_aux(model, args.router_aux_loss_coef)  # MoE load-balancing loss (TRL's rule)
         if args.cast_lm_head_to_fp32:  # the policy's head, and so the copy the reference model starts from

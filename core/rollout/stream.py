@@ -215,25 +215,12 @@ class TokenStream:
         head = self.head[1] if self.head is not None and self.head[0] == last else None
         if head is None:
             head = tk.render(self.tokenizer, synced[:last], add_generation_prompt=True, tools=self.tools)
-        after = tk.render(self.tokenizer, list(synced) + list(new), add_generation_prompt=True, tools=self.tools)
         mode = tk.multi_turn_mode(self.tokenizer)
+        after = tk.render(self.tokenizer, list(synced) + list(new), add_generation_prompt=True, tools=self.tools)
         text: str | None = None
         problem: tk.ChatTemplateError | None = None
-        if mode == "per_turn":
-            pass
-        elif not after.startswith(head):
-            problem = tk.not_prefix_error(head, after, new)
-        elif after[len(head):].startswith(streamed):
-            # common case, one render per turn: the template shows the assistant text as streamed,
-            # so everything after it (closing "\n", new messages, next header) is the observation
-            text = after[len(head) + len(streamed):]
-        else:  # the template rewrites assistant text (strip, <think> removal …): close it generically
-            full = tk.render(self.tokenizer, synced, tools=self.tools)
-            closing = tk.assistant_closing(self.tokenizer, synced[:last], synced[last], streamed, tools=self.tools, head=head, full=full)
-            if after.startswith(full):
-                text = closing + after[len(full):]
-            else:
-                problem = tk.not_prefix_error(full, after, new)
+        if mode != "per_turn":
+            text, problem = tk.appended_text(self.tokenizer, synced, new, streamed, tools=self.tools, head=head, after=after)
         if problem is not None and mode == "append":
             raise problem
         self.head = (len(synced) + len(new), after)

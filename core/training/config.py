@@ -143,6 +143,8 @@ class GRPOConfig(TrainingArguments):
     vllm_importance_sampling_cap: float | None = field(default=None, metadata={"help": "Deprecated in TRL: vllm_importance_sampling_clip_max."})
     max_tool_calling_iterations: int | None = field(default=None, metadata={"help": "With tools: most tool rounds per trajectory (max_turns = this + 1)."})
     chat_template_kwargs: dict | str | None = field(default=None, metadata={"help": "Extra keyword arguments for the chat template wherever the policy's prompts and turns are rendered (e.g. {\"enable_thinking\": false}); a JSON object on the command line."})
+    chat_template: str | None = field(default=None, metadata={"help": "A Jinja chat template file the run renders every prompt and turn with instead of the tokenizer's own (the saved model keeps its own); see docs/chat-templates.md."})
+    multi_turn_mode: str = field(default="auto", metadata={"help": "How a multi-turn episode becomes training sequences: append (one sequence; a template that rewrites the history fails the trajectory), per_turn (every assistant turn a sample of its own, its prompt the conversation re-rendered), auto (append where the template appends, a sample per turn where it rewrites the history, e.g. drops earlier <think> blocks; a family's prefix-preserving template or preserve_thinking is used where one exists). See docs/chat-templates.md."})
 
     # --- TRL 1.16 options with TRL's meaning (docs/porting-trl.md) -----------------------------------
     multi_objective_aggregation: str = field(default="sum_then_normalize", metadata={"help": "How several rewards combine: sum_then_normalize (weighted sum, then the advantage estimator) or normalize_then_sum (GDPO: each reward normalised within its group, then the weighted sum; with advantage=grpo the sum is then normalised over the batch, as in TRL)."})
@@ -195,6 +197,9 @@ class GRPOConfig(TrainingArguments):
             from ..chat_template import check_chat_template_kwargs
 
             check_chat_template_kwargs(self.chat_template_kwargs)
+        from ..chat_template import check_multi_turn_mode
+
+        check_multi_turn_mode(self.multi_turn_mode)
         if self.generation_batch_size is not None and self.steps_per_generation is not None:
             raise ConfigError("set generation_batch_size or steps_per_generation, not both")
         if self.bf16 is None:  # TRL: on unless fp16; rlcore: only where a GPU supports it (the CPU demo stays fp32)

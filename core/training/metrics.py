@@ -32,7 +32,8 @@ def rollout_metrics(trajectories: Sequence[Any], columns: dict[str, list[float |
     # failed_trajectories / failed_fraction, never averaged in as 0.0
     ok = [i for i, t in enumerate(trajectories) if t.status != "failed"]
     rewards = [trajectories[i].reward if trajectories[i].reward is not None else float("nan") for i in ok]
-    lengths = [t.num_completion_tokens for t in trajectories]
+    # a per-turn sample's prompt (the conversation re-rendered) is not completion: left out
+    lengths = [sum(len(turn.token_ids) for turn in t.turns if not turn.is_restart) for t in trajectories]
     sampled = [sum(sum(turn.loss_mask) for turn in t.turns) for t in trajectories]
     out: dict[str, float] = {
         "reward": _mean(rewards),
@@ -46,6 +47,9 @@ def rollout_metrics(trajectories: Sequence[Any], columns: dict[str, list[float |
         "failed_fraction": (len(trajectories) - len(ok)) / len(trajectories) if trajectories else 0.0,
         "truncated_trajectories": float(sum(1 for t in trajectories if t.status == "truncated")),
         "sampled_tokens": float(sum(sampled)),
+        # episodes and the sequences they train as (more than one each with per-turn samples)
+        "episodes": float(len(trajectories)),
+        "samples": float(sum(len(trajectories[i].turn_samples()) for i in ok)),
     }
     out.update(episode_metrics(trajectories))
     timeouts = [t.infos.get("tool_timeouts") for t in trajectories if t.infos.get("tool_timeouts") is not None]

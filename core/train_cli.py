@@ -514,6 +514,8 @@ def run_plan(plan: TrainPlan) -> Any:
     started = time.perf_counter()
     trainer = GRPOTrainer(plan.model, args=args, train_dataset=plan.rows, prompt_column=plan.prompt_column,
                           system_prompt=plan.system_prompt)
+    if int(getattr(trainer.scheduler_obj, "max_turns", 1) or 1) > 1:  # how the episodes become sequences
+        console.print(f"multi-turn  {trainer.multi_turn_note}", markup=False, highlight=False)
     interrupted = False
     try:
         trainer.train(resume_from_checkpoint=args.resume_from_checkpoint or None)  # a checked path (build_plan)

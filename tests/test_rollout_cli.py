@@ -48,7 +48,7 @@ def test_rollout_speaks_trains_vocabulary_in_both_spellings(tmp_path: Path) -> N
                    "--rollout-timeout", "60", "--dataset-split", "train", "--sampler-options", '{"seed": 3}'],
                   ["--max-tokens", "3", "--num-generations", "2", "--concurrency", "1", "--timeout", "60",
                    "--split", "train"]):
-        out = tmp_path / "r.jsonl"
+        out = tmp_path / f"r{len(list(tmp_path.iterdir()))}.jsonl"  # a new file each time (an existing one is kept)
         res = run_cli(["rollout", "--limit", "1", "--no-progress", "--output", str(out), *flags])
         assert res.exit_code == 0, (flags, res.output)
         lines = [json.loads(x) for x in out.read_text().splitlines()]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,9 @@ OLD_ROLLOUT_NAMES = {"max_tokens": "max_completion_length", "concurrency": "roll
 @click.option("--reward", "rewards", multiple=True, help="Reward name, repeatable; NAME=WEIGHT sets a weight.")
 @click.option(*_flag("rollout_concurrency", "--concurrency"), type=int, default=64, show_default=True, help="Trajectories in flight.")
 @click.option(*_flag("rollout_timeout", "--timeout"), type=float, default=None, help="Seconds per trajectory before it fails.")
-@click.option("--output", "-o", default="rollouts.jsonl", show_default=True, help="Output JSONL file.")
+@click.option("--output", "-o", default="rollouts.jsonl", show_default=True,
+              help="Output JSONL file, written as trajectories finish (flushed: an interrupted run keeps them).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing --output file (else: refused before the model loads).")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
 @click.option(*_flag("scheduler_options"), default=None, help="JSON object of scheduler options (merged under --flags).")
 @click.option(*_flag("sampler_options"), default=None, help="JSON object of sampler options (merged under --flags).")
@@ -79,7 +82,10 @@ def rollout_command(ctx: click.Context, **opts: Any) -> None:
     Extra --flags go to the scheduler, sampler, env (of an env scheduler) or reward class that
     declares them, e.g. --env-url, --env.
     """
-    summary = asyncio.run(run_rollout_command(extra_args=list(ctx.args), **opts))
+    try:
+        summary = asyncio.run(run_rollout_command(extra_args=list(ctx.args), **opts))
+    except KeyboardInterrupt:  # Ctrl-C: run_rollout_command said what the file holds
+        sys.exit(130)
     click.echo(summary, err=True)
 
 
@@ -97,6 +103,68 @@ def check_options(opts: dict[str, Any]) -> None:
     need(opts["rollout_timeout"] is None or opts["rollout_timeout"] > 0, "--rollout-timeout", "a positive number of seconds")
     need(opts["temperature"] >= 0, "--temperature", ">= 0")
     need(0 < opts["top_p"] <= 1, "--top-p", "in (0, 1]")
+
+
+def check_output(output: str, overwrite: bool = False) -> Path:
+    """The ``--output`` file, checked before anything loads: not a directory, in a directory that
+    exists and takes files, not an existing file unless ``overwrite``. One line naming it otherwise."""
+    import os
+    import tempfile
+
+    out = Path(output)
+    where = f"--output {output}"
+    if out.is_dir():
+        raise ConfigError(f"{where} is a directory; name a file (e.g. {out / 'rollouts.jsonl'})")
+    if out.exists():
+        if out.is_file() and not overwrite:
+            raise ConfigError(f"{where} already exists; pass --overwrite to replace it, or pick another --output")
+        if not os.access(out, os.W_OK):
+            raise ConfigError(f"{where} is not writable; pick another --output")
+        return out
+    parent = out.parent
+    if not parent.is_dir():
+        what = "is not a directory" if parent.exists() else "does not exist"
+        raise ConfigError(f"{where}: {parent} {what}; create the directory or pick another --output")
+    try:  # the real test (root ignores permission bits; read-only mounts, quotas): a file made and removed
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=".rlcore-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot write in {parent} ({exc.strerror or exc}); pick another --output") from None
+    return out
+
+
+class _JsonlSink:
+    """The ``--output`` file, one flushed line per finished trajectory; a failed write is one line."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.written, self.opened, self._fh = path, 0, False, None
+
+    def open(self) -> None:
+        try:
+            self._fh = open(self.path, "w", encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot write {self.path}: {exc.strerror or exc}; pick another --output") from None
+        self.opened = True
+
+    def write(self, trajectories: list[Any]) -> None:
+        try:
+            for t in trajectories:
+                self._fh.write(t.to_json() + "\n")  # type: ignore[union-attr]
+            self._fh.flush()  # type: ignore[union-attr]
+        except OSError as exc:
+            raise RunFailedError(
+                f"cannot write {self.path}: {exc.strerror or exc} (after {self.written} trajectories); "
+                "free space or pick another --output") from None
+        self.written += len(trajectories)
+
+    def close(self) -> None:
+        fh, self._fh = self._fh, None
+        if fh is not None:
+            try:
+                fh.close()
+            except OSError:  # its write already failed and said so; the lines flushed before are kept
+                pass
 
 
 async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
@@ -140,6 +208,7 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
         sched_opts["env_kwargs"] = {**json_object(sched_opts.get("env_kwargs"), "env_kwargs"), **routed[f"env {env[0]!r}"]}
     reward_objs, weights = _rewards(opts["rewards"], registry, as_reward,
                                     {name: routed[f"reward {name!r}"] for name in reward_names})
+    out = check_output(opts["output"], bool(opts.get("overwrite")))  # before the rows and the model load
     dataset: Any = opts["dataset"]
     from .env_scheduler import EnvScheduler
 
@@ -185,6 +254,7 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
     except ImportError:  # pragma: no cover - a sampler that needs no transformers
         pass
     sampler = sampler_factory(model=model, **sampler_opts)
+    sink = _JsonlSink(out)
     try:
         tokenizer = getattr(sampler, "tokenizer", None)
         if tokenizer is None:
@@ -197,22 +267,33 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
                                tools=template_tools(scheduler))
         params = SamplingParams(max_tokens=opts["max_completion_length"], temperature=opts["temperature"],
                                 top_p=opts["top_p"], seed=opts["seed"])
-        result = await run_rollouts(
-            scheduler, prompts, num_generations=opts["num_generations"], sampling_params=params,
-            concurrency=opts["rollout_concurrency"], progress=opts["progress"], timeout=opts["rollout_timeout"],
-            observers=opts.get("observers") or (), check=opts.get("check", True),
-        )
-        if reward_objs:
-            await compute_rewards(RunHooks(*reward_objs), result.trajectories, weights)
+        reward_hooks = RunHooks(*reward_objs) if reward_objs else None
+
+        async def finished(trajectories: list[Any]) -> None:  # streamed: scored, written, forgotten
+            if reward_hooks is not None:
+                await compute_rewards(reward_hooks, trajectories, weights)
+            sink.write(trajectories)
+
+        sink.open()
+        try:
+            result = await run_rollouts(
+                scheduler, prompts, num_generations=opts["num_generations"], sampling_params=params,
+                concurrency=opts["rollout_concurrency"], progress=opts["progress"], timeout=opts["rollout_timeout"],
+                observers=opts.get("observers") or (), check=opts.get("check", True), on_finished=finished,
+            )  # (no trajectory kept: memory stays flat however many there are)
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            sink.close()
+            click.echo(f"interrupted: wrote {sink.written} finished trajectories to {out}", err=True)
+            raise
+        finally:
+            sink.close()
         await _maybe(scheduler.close())
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        if not sink.opened:  # before any trajectory ran
+            click.echo(f"interrupted: nothing written to {out}", err=True)
+        raise
     finally:
         await _maybe(sampler.close())
-    out = Path(opts["output"])
-    if out.parent and not out.parent.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "w", encoding="utf-8") as fh:
-        for t in result.trajectories:
-            fh.write(t.to_json() + "\n")
     s = result.stats
     line = (f"wrote {s['trajectories']} trajectories to {out}: {s['ok']} ok, {s['truncated']} truncated, "
             f"{s['failed']} failed, {s['turns']} turns"

@@ -13,7 +13,8 @@ import asyncio
 import collections
 import time
 import uuid as uuidlib
-from typing import Any, Iterable
+import weakref
+from typing import Any, Callable, Iterable
 
 import attrs
 
@@ -67,6 +68,7 @@ async def run_rollouts(
     timeout: float | None = None,
     trajectories: list[Trajectory] | None = None,
     check: bool = True,
+    on_finished: Callable[[list[Trajectory]], Any] | None = None,
 ) -> RolloutResult:
     """Roll out ``num_generations`` trajectories per prompt with ``scheduler``.
 
@@ -76,6 +78,12 @@ async def run_rollouts(
     in seconds. Pass ``trajectories`` instead of prompts to roll out prepared trajectories.
     ``check`` holds every trajectory to the invariants (:mod:`rlcore.rollout.invariants`); a
     violation fails that trajectory with a reason naming the scheduler and the turn.
+
+    ``on_finished`` streams the run: it is called (and awaited when it returns an awaitable) with
+    each request's finished trajectories as soon as they end, and the driver keeps none of them —
+    the result's ``trajectories`` is empty, its ``stats`` count them all, so memory stays flat
+    however many trajectories a run has. An exception it raises stops the run: the trajectories
+    still running are cancelled (their ``on_trajectory_end`` runs) and the exception propagates.
     """
     if getattr(scheduler, "sampling_params", None) is None and sampling_params is not None:
         scheduler.sampling_params = sampling_params
@@ -86,7 +94,9 @@ async def run_rollouts(
     trajs = trajectories if trajectories is not None else make_trajectories(prompts, num_generations)
     started = time.perf_counter()
     bar = RolloutProgress(len(trajs), enabled=progress)
-    results: list[list[Trajectory]] = [[] for _ in trajs]
+    stream = on_finished is not None
+    results: list[list[Trajectory]] = [] if stream else [[] for _ in trajs]
+    tally, seen = _Tally(), {}  # streaming: counts and uuids only, never the finished trajectories
     who = scheduler_label(scheduler)
     with bar:
         try:
@@ -100,10 +110,27 @@ async def run_rollouts(
 
         async def one(i: int, traj: Trajectory) -> None:
             async with sem:
-                results[i] = await _run_one(scheduler, traj, timeout, check)
-            bar.advance(results[i])
+                done = await _run_one(scheduler, traj, timeout, check)
+            bar.advance(done)
+            if not stream:
+                results[i] = done
+                return
+            done = _unique_streamed(done, seen)
+            tally.add(done)
+            await await_me_maybe(on_finished(done))  # type: ignore[misc]
 
-        await asyncio.gather(*(one(i, t) for i, t in enumerate(trajs)))
+        tasks = [asyncio.ensure_future(one(i, t)) for i, t in enumerate(trajs)]
+        if stream:  # each task holds its own trajectory until it is handed on, then nobody here does
+            del trajs, trajectories
+        try:
+            await asyncio.gather(*tasks)
+        except BaseException:  # on_finished raised, or the run was cancelled: end the rest cleanly
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+    if stream:
+        return RolloutResult([], tally.stats(time.perf_counter() - started))
     flat = [t for group in results for t in group]
     flat = _unique_uuids(flat)
     stats = summarize(flat, time.perf_counter() - started)
@@ -221,6 +248,22 @@ def _unique_uuids(trajs: list[Trajectory]) -> list[Trajectory]:
     return out
 
 
+def _unique_streamed(trajs: list[Trajectory], seen: dict[str, Any]) -> list[Trajectory]:
+    """:func:`_unique_uuids` across a streamed run: ``seen`` maps uuids to weak references, so the
+    trajectories already handed on are not kept alive by the check."""
+    out = []
+    for t in trajs:
+        prev = seen.get(t.uuid)
+        if prev is not None and prev() is t:
+            continue
+        if prev is not None:  # a live other object, or a dead one (then certainly not ``t``)
+            t.fail(f"uuid {t.uuid} is already used by another trajectory of this batch")
+        else:
+            seen[t.uuid] = weakref.ref(t)
+        out.append(t)
+    return out
+
+
 def finalize(t: Trajectory) -> None:
     """Final bookkeeping: status, turn count, the logprob completeness flag (IS correction gate)."""
     if t.status == "running":
@@ -245,19 +288,40 @@ def _prompt_messages(t: Trajectory) -> int:
 
 def summarize(trajs: list[Trajectory], wall_s: float) -> dict[str, Any]:
     """Counts for logs and metrics: ok / truncated / failed, turns, tokens, top failure reasons."""
-    by_status = collections.Counter(t.status for t in trajs)
-    reasons = collections.Counter(t.reason for t in trajs if t.status == "failed")
-    n = len(trajs)
-    turns = sum(t.num_turns for t in trajs)
-    return {
-        "trajectories": n,
-        "ok": by_status.get("ok", 0),
-        "truncated": by_status.get("truncated", 0),
-        "failed": by_status.get("failed", 0),
-        "turns": turns,
-        "mean_turns": turns / n if n else 0.0,
-        "completion_tokens": sum(t.num_completion_tokens for t in trajs),
-        "logprobs_incomplete": sum(1 for t in trajs if not t.logprobs_complete),
-        "failure_reasons": dict(reasons.most_common(5)),
-        "wall_s": wall_s,
-    }
+    tally = _Tally()
+    tally.add(trajs)
+    return tally.stats(wall_s)
+
+
+class _Tally:
+    """The counters :func:`summarize` reports, added to as trajectories finish (a streamed run)."""
+
+    def __init__(self) -> None:
+        self.by_status: collections.Counter[str] = collections.Counter()
+        self.reasons: collections.Counter[str | None] = collections.Counter()
+        self.n = self.turns = self.completion_tokens = self.logprobs_incomplete = 0
+
+    def add(self, trajs: Iterable[Trajectory]) -> None:
+        for t in trajs:
+            self.n += 1
+            self.by_status[t.status] += 1
+            if t.status == "failed":
+                self.reasons[t.reason] += 1
+            self.turns += t.num_turns
+            self.completion_tokens += t.num_completion_tokens
+            self.logprobs_incomplete += not t.logprobs_complete
+
+    def stats(self, wall_s: float) -> dict[str, Any]:
+        n = self.n
+        return {
+            "trajectories": n,
+            "ok": self.by_status.get("ok", 0),
+            "truncated": self.by_status.get("truncated", 0),
+            "failed": self.by_status.get("failed", 0),
+            "turns": self.turns,
+            "mean_turns": self.turns / n if n else 0.0,
+            "completion_tokens": self.completion_tokens,
+            "logprobs_incomplete": self.logprobs_incomplete,
+            "failure_reasons": dict(self.reasons.most_common(5)),
+            "wall_s": wall_s,
+        }

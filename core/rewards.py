@@ -17,8 +17,9 @@ unchanged and rlcore's own keep working:
   ``trainer_state``, ``log_metric``, ``log_extra`` and every dataset column by its name.
 
 A reward that raises on a batch is retried one sample at a time; a sample that still raises gets
-``None`` (ignored by advantages) and is counted in ``reward_errors/<name>``. The trainer stops the
-run when a reward raised on *every* sample of a batch (:class:`RewardFunctionError`, chained to the
+``None`` (ignored by advantages) and is counted in ``reward_errors/<name>``; so does a sample the
+reward scored ±inf (one inf would make every advantage of its group NaN). The trainer stops the
+run when a reward raised (or gave inf) on *every* sample of a batch (:class:`RewardFunctionError`, chained to the
 first exception so its traceback shows once): training on nothing must not look like training.
 A reward that returns other than one value per trajectory is a bug in the reward, not in a sample:
 it stops the run at once (:class:`RewardCountError`) instead of being retried per sample.
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import math
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -37,6 +39,8 @@ from .asyncutil import to_thread_if_sync
 from .errors import DatasetError, RewardFunctionError  # noqa: F401 - RewardFunctionError: re-exported for reward authors
 from .hookspecs import hookimpl
 from .types import Trajectory
+
+logger = logging.getLogger(__name__)
 
 #: What TRL 1.16 passes every reward function besides the dataset columns.
 TRL_REWARD_ARGS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
@@ -361,18 +365,44 @@ def _check(name: str, values: Any, n: int) -> list[float | None]:
     return out
 
 
+class NonFiniteRewardError(ValueError):
+    """A reward gave ±inf for a sample: counted like a sample that raised (the sample gets ``None``),
+    since one inf makes the batch's mean inf and every advantage of its group NaN — the step would
+    train on nothing. (NaN stays what it means in TRL: this reward does not apply to the sample.)"""
+
+    def __init__(self, name: str, value: float) -> None:
+        super().__init__(f"reward {name!r} returned {value!r}")
+        self.value = value
+
+
+def _drop_non_finite(name: str, values: list[float | None], failures: list[BaseException] | None
+                     ) -> tuple[list[float | None], int]:
+    """``values`` with ±inf replaced by ``None``, and how many were; each is a failure of its sample."""
+    bad = 0
+    out: list[float | None] = []
+    for v in values:
+        if v is not None and math.isinf(v):
+            bad += 1
+            if failures is not None:
+                failures.append(NonFiniteRewardError(name, v))
+            v = None
+        out.append(v)
+    return out, bad
+
+
 async def score_reward(
     name: str, fn: Callable[..., Any], trajectories: Sequence[Trajectory], trainer_state: Any = None,
     *, context: RewardContext | None = None, failures: list[BaseException] | None = None,
 ) -> tuple[list[float | None], int]:
-    """Run one reward over a batch, isolating samples that raise. Returns (values, error count);
-    the exceptions of failing samples are appended to ``failures`` when given."""
+    """Run one reward over a batch, isolating samples that raise or score ±inf (both ``None``).
+    Returns (values, error count); the exceptions of failing samples (a
+    :class:`NonFiniteRewardError` for an inf) are appended to ``failures`` when given."""
     n = len(trajectories)
     if n == 0:
         return [], 0
     try:
         inputs = reward_inputs(trajectories, trainer_state, context)
-        return _check(name, await to_thread_if_sync(fn, **_wanted(fn, inputs)), n), 0
+        values = _check(name, await to_thread_if_sync(fn, **_wanted(fn, inputs)), n)
     except RewardCountError:
         raise  # a contract bug, not a sample's: one sample at a time would hide it (1 value for 1 sample)
     except Exception as exc:  # noqa: BLE001 - retry per sample to find the culprit(s)
@@ -380,7 +410,9 @@ async def score_reward(
             if failures is not None:
                 failures.append(exc)
             return [None], 1
-    values: list[float | None] = []
+    else:
+        return _drop_non_finite(name, values, failures)
+    values = []
     errors = 0
     for t in trajectories:
         v, e = await score_reward(name, fn, [t], trainer_state, context=context, failures=failures)
@@ -405,6 +437,23 @@ def as_reward(name: str, obj: Any) -> Reward:
     raise TypeError(f"reward {name!r} is neither a function nor a Reward")
 
 
+_warned_non_finite: set[str] = set()
+
+
+def _finite_column(name: str, vals: list[float | None]) -> list[float | None]:
+    """A column with ±inf as ``None``. Rewards scored through :func:`score_reward` come here clean
+    (their infs counted in ``reward_errors/<name>``); a plugin's own ``compute_reward`` hook may
+    not: its infs are dropped too, said once per process."""
+    bad = sum(1 for v in vals if v is not None and math.isinf(v))
+    if not bad:
+        return vals
+    if name not in _warned_non_finite:
+        _warned_non_finite.add(name)
+        logger.warning("reward %r returned inf for %d of %d samples; they get no reward — a reward returns a finite "
+                       "number (or None) per completion", name, bad, len(vals))
+    return [None if v is not None and math.isinf(v) else v for v in vals]
+
+
 async def compute_rewards(
     hooks: Any,
     trajectories: list[Trajectory],
@@ -416,7 +465,7 @@ async def compute_rewards(
     columns: dict[str, list[float | None]] = {}
     for res in results:
         for name, vals in res.items():
-            columns[name] = _check(name, vals, len(trajectories))
+            columns[name] = _finite_column(name, _check(name, vals, len(trajectories)))
     weights = weights or {}
     for i, t in enumerate(trajectories):
         total = 0.0

@@ -39,7 +39,7 @@ from .algorithms.losses import TOKEN_NORMALISED, LossConfig
 from .asyncutil import run_sync
 from .errors import ConfigError, RewardFunctionError
 from .plugins import RunHooks
-from .rewards import RewardContext, check_reward_columns, compute_rewards, normalize_then_sum
+from .rewards import NonFiniteRewardError, RewardContext, check_reward_columns, compute_rewards, normalize_then_sum
 from .chat_template import prepare_multi_turn, set_chat_template_kwargs
 from .loop.loss import advantage_list, batch_logprobs, batch_loss, high_entropy_mask, pack, pad_to_multiple
 from .loop.rollout import rollout_batch
@@ -387,24 +387,45 @@ class GRPOTrainer(Trainer):
         return whole.local(self.whole_advantages), columns, stats
 
     def _check_reward_failures(self, n: int) -> None:
-        """A reward that raised on every sample stops the run (chained to its first exception, so
-        that traceback shows once); one that raised on some samples is reported once per run."""
+        """A reward that raised (or scored ±inf) on every sample stops the run (chained to its first
+        exception, so that traceback shows once); one that failed on some samples is reported once
+        per run (once for raising, once for ±inf)."""
         for r in self.reward_objects:
             failures = getattr(r, "last_failures", None) or []
             if not failures:
                 continue
-            first = failures[0]
+            raised = [f for f in failures if not isinstance(f, NonFiniteRewardError)]
+            inf = sorted({repr(f.value) for f in failures if isinstance(f, NonFiniteRewardError)}, reverse=True)
+            if not inf:
+                what = f"raised on {len(failures)}"
+            else:
+                what = (f"raised on {len(raised)} and " if raised else "") + \
+                    f"returned {' or '.join(inf)} on {len(failures) - len(raised)}"
+            finite = "a reward returns a finite number (or None) per completion"
+            first = raised[0] if raised else None
             if len(failures) >= n > 0:
+                if not inf:
+                    raise RewardFunctionError(
+                        f"reward {r.name!r} raised on all {n} samples ({type(first).__name__}: {first}); "
+                        "fix the reward function (its traceback is above)"
+                    ) from first
+                if first is None:
+                    raise RewardFunctionError(f"reward {r.name!r} returned {' or '.join(inf)} on all {n} samples; "
+                                              f"{finite} — fix the reward function") from None
                 raise RewardFunctionError(
-                    f"reward {r.name!r} raised on all {n} samples ({type(first).__name__}: {first}); "
-                    "fix the reward function (its traceback is above)"
-                ) from first
-            if r.name not in self._reported_reward_errors:
-                self._reported_reward_errors.add(r.name)
-                logger.warning(
-                    "reward %r raised on %d of %d samples; they get no reward (counted in reward_errors/%s). First error:\n%s",
-                    r.name, len(failures), n, r.name, "".join(traceback.format_exception(first)).rstrip(),
-                )
+                    f"reward {r.name!r} {what} of {n} samples ({type(first).__name__}: {first}); {finite} — "
+                    "fix the reward function (its traceback is above)") from first
+            key = r.name if first is not None else f"{r.name} (non-finite)"
+            if key not in self._reported_reward_errors:
+                self._reported_reward_errors.add(key)
+                if first is None:
+                    logger.warning("reward %r %s of %d samples; they get no reward (counted in reward_errors/%s) — %s",
+                                   r.name, what, n, r.name, finite)
+                else:
+                    logger.warning(
+                        "reward %r %s of %d samples; they get no reward (counted in reward_errors/%s). First error:\n%s",
+                        r.name, what, n, r.name, "".join(traceback.format_exception(first)).rstrip(),
+                    )
 
     def _log_reward_metric(self, name: str, value: float) -> None:
         """TRL's ``log_metric`` for rewards: averaged into the step's metrics under ``name``."""

@@ -70,3 +70,19 @@ def installed(path: Path, dist: str, editable: bool = False) -> Iterator[None]:
     finally:
         pip("uninstall", "-y", dist)
         importlib.invalidate_caches()
+
+
+def write_site_plugin(site: Path, dist: str, module: str, source: str) -> Path:
+    """Install a one-module plugin into the directory ``site`` without pip: the module and a
+    ``DIST-0.0.1.dist-info`` with its ``rlcore`` entry point, as an installer would leave them.
+    Put ``site`` on ``sys.path`` (or ``PYTHONPATH`` for a subprocess) and name ``dist`` in
+    ``RLCORE_PLUGINS`` to load it; returns ``site``."""
+    site = Path(site)
+    site.mkdir(parents=True, exist_ok=True)
+    (site / f"{module}.py").write_text(textwrap.dedent(source))
+    info = site / f"{dist.replace('-', '_')}-0.0.1.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.0.1\n")
+    (info / "entry_points.txt").write_text(f"[rlcore]\n{module} = {module}\n")
+    (info / "top_level.txt").write_text(f"{module}\n")
+    return site

@@ -13,17 +13,32 @@ from typing import Any, Sequence
 METRICS_FILE = "metrics.jsonl"
 
 
+#: Beyond this magnitude a square (or a sum) may overflow: means and spreads are then computed on
+#: the values divided by the largest one (a reward of ±1e308 neither raises OverflowError nor
+#: turns into inf on the way; only a result beyond the float range is inf, logged as null).
+_HUGE = 1e150
+
+
+def _clean(xs: Sequence[float]) -> tuple[list[float], float]:
+    """The values without None and NaN, and the factor they are divided by (1 unless huge)."""
+    vals = [float(x) for x in xs if x is not None and not math.isnan(x)]
+    big = max((abs(x) for x in vals), default=0.0)
+    if big < _HUGE or math.isinf(big):
+        return vals, 1.0
+    return [x / big for x in vals], big
+
+
 def _mean(xs: Sequence[float]) -> float:
-    vals = [x for x in xs if x is not None and not math.isnan(x)]
-    return sum(vals) / len(vals) if vals else float("nan")
+    vals, scale = _clean(xs)
+    return scale * (sum(vals) / len(vals)) if vals else float("nan")
 
 
 def _std(xs: Sequence[float]) -> float:
-    vals = [x for x in xs if x is not None and not math.isnan(x)]
+    vals, scale = _clean(xs)
     if len(vals) < 2:
         return 0.0
     m = sum(vals) / len(vals)
-    return math.sqrt(sum((x - m) ** 2 for x in vals) / (len(vals) - 1))
+    return scale * math.sqrt(sum((x - m) ** 2 for x in vals) / (len(vals) - 1))
 
 
 def rollout_metrics(trajectories: Sequence[Any], columns: dict[str, list[float | None]], zero_std_frac: float) -> dict[str, float]:
@@ -142,10 +157,9 @@ def append_jsonl(output_dir: str, record: dict[str, Any]) -> None:
     """Append one record as one whole line: a torn tail left by a crash is cut first, and the line
     goes out in a single ``write`` on an ``O_APPEND`` descriptor, then is fsynced."""
     os.makedirs(output_dir, exist_ok=True)
-    clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in record.items()}
     path = os.path.join(output_dir, METRICS_FILE)
     repair_jsonl(path)
-    data = (json.dumps(clean) + "\n").encode("utf-8")
+    data = (strict_json(record) + "\n").encode("utf-8")
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         written = os.write(fd, data)
@@ -154,6 +168,22 @@ def append_jsonl(output_dir: str, record: dict[str, Any]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _finite_or_none(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_none(v) for v in value]
+    return value
+
+
+def strict_json(record: Any) -> str:
+    """``record`` as strict JSON: NaN and ±inf (which ``json.dumps`` writes as the non-JSON tokens
+    ``NaN``/``Infinity``) become ``null``, so every reader can parse every line."""
+    return json.dumps(_finite_or_none(record), allow_nan=False)
 
 
 def repair_jsonl(path: str) -> bool:
@@ -216,7 +246,7 @@ def truncate_jsonl(output_dir: str, max_step: int) -> None:
         tmp = path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
             for r in rows:
-                f.write(json.dumps(r) + "\n")
+                f.write(strict_json(r) + "\n")
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

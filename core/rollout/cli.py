@@ -204,6 +204,10 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
         given_sampler_opts = resolve_options(given_sampler_opts, {sampler_label: sampler_factory})[sampler_label]
     sampler_opts = {**given_sampler_opts, **sampler_opts}
     sched_opts = {**given_sched_opts, **sched_opts}
+    if isinstance(sched_opts.get("tool_parser"), str):  # a misspelt --tool-parser is one line before the model loads
+        from .tool_parsers import check_tool_parser_name
+
+        check_tool_parser_name(sched_opts["tool_parser"])
     if env is not None and routed[f"env {env[0]!r}"]:
         sched_opts["env_kwargs"] = {**json_object(sched_opts.get("env_kwargs"), "env_kwargs"), **routed[f"env {env[0]!r}"]}
     reward_objs, weights = _rewards(opts["rewards"], registry, as_reward,
@@ -333,11 +337,16 @@ def check_rollouts_command(path: str, model: str | None, tools_path: str | None,
     tok = from_pretrained(AutoTokenizer, model, "tokenizer")
     tools = json.loads(Path(tools_path).read_text()) if tools_path else None
     trajs = []
+    vocab = len(tok)
     with open(path, encoding="utf-8") as fh:
         for n, line in enumerate(fh, 1):
             if line.strip():
                 try:
-                    trajs.append(Trajectory.from_json(line))
+                    record = json.loads(line)
+                    bad = _bad_token_id(record, vocab) if isinstance(record, dict) else None
+                    if bad:  # a tokenizer fed -1, 1.5 or 10**30 raises deep inside (OverflowError, TypeError)
+                        raise click.ClickException(f"{path}:{n}: {bad}")
+                    trajs.append(Trajectory.from_dict(record))
                 except (ValueError, KeyError, TypeError) as exc:
                     raise click.ClickException(f"{path}:{n} is not a trajectory ({type(exc).__name__}: {exc})") from None
     violations = check_batch(trajs, tok, tools=tools, require_logprobs=True if strict_logprobs else None)
@@ -347,6 +356,28 @@ def check_rollouts_command(path: str, model: str | None, tools_path: str | None,
     click.echo(f"checked {len(trajs)} trajectories in {path}: {len(trajs) - bad} sound, {bad} with violations", err=True)
     if violations:
         raise SystemExit(1)
+
+
+def _bad_token_id(record: dict[str, Any], vocab: int) -> str | None:
+    """The first token-id field of a trajectory line holding something other than a token id of a
+    ``vocab``-sized tokenizer (an integer in 0..vocab-1), said in one line; None when all are ids."""
+    turns = record.get("turns")
+    fields: list[tuple[str, Any]] = [("prompt_ids", record.get("prompt_ids"))]
+    if turns and isinstance(turns, list):
+        fields += [(f"turns[{i}].token_ids", t.get("token_ids")) for i, t in enumerate(turns) if isinstance(t, dict)]
+    else:  # a line without turns is read from its flat completion_ids
+        fields.append(("completion_ids", record.get("completion_ids")))
+    for name, ids in fields:
+        if ids is None:
+            continue
+        if not isinstance(ids, list):
+            return f"{name} is {type(ids).__name__} {json.dumps(ids)[:40]}, not a list of token ids"
+        for j, x in enumerate(ids):
+            if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < vocab:
+                hint = "; pass the --model the rollouts were made with" if isinstance(x, int) and vocab <= x < 2**63 else ""
+                return (f"{name}[{j}] is {json.dumps(x)[:40]}, not a token id of this tokenizer "
+                        f"(an integer from 0 to {vocab - 1}{hint})")
+    return None
 
 
 def _rewards(specs: tuple[str, ...], registry: Any, as_reward: Any,

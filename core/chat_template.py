@@ -10,6 +10,7 @@ suffix. If the template is not prefix-preserving the suffix is undefined, and we
 
 from __future__ import annotations
 
+import re
 import weakref
 from typing import Any, Sequence
 
@@ -150,27 +151,36 @@ def template_takes(tokenizer: Any, name: str) -> bool:
 
 #: the conversation shape the run's template is probed with: a model that thinks before it answers,
 #: asked again twice (what thinking templates rewrite: earlier turns' reasoning)
-_PROBE = ({"role": "user", "content": "Pick a number from 1 to 9."},
-          {"role": "assistant", "content": "<think>\nA middle guess.\n</think>\n\n5"},
-          {"role": "user", "content": "Higher."},
-          {"role": "assistant", "content": "<think>\nBetween 6 and 9.\n</think>\n\n7"},
-          {"role": "user", "content": "Lower."})
+_PROBE_ASKS = ("Pick a number from 1 to 9.", "Higher.", "Lower.")
+_PROBE_REPLIES = (("A middle guess.", "5"), ("Between 6 and 9.", "7"))
+
+
+def _probe_reply(opener: str, reasoning: str, answer: str) -> str:
+    """What a thinking model samples after a generation prompt ending in ``opener``."""
+    if "</think>" in opener:
+        return answer
+    if opener:
+        return f"{reasoning}\n</think>\n\n{answer}"
+    return f"<think>\n{reasoning}\n</think>\n\n{answer}"
 
 
 def probe_appends(tokenizer: Any, tools: list[dict[str, Any]] | None = None) -> ChatTemplateError | None:
-    """Play the probe conversation the way a rollout extends it (each reply streamed after the
-    assistant header, then the next user message appended): ``None`` when every turn appends
-    exactly, else the first turn's reason."""
-    msgs = list(_PROBE)
+    """Play the probe conversation the way a rollout extends it (each reply sampled after the
+    generation prompt and recorded as :func:`assistant_message` records it, then the next user
+    message appended): ``None`` when every turn appends exactly, else the first turn's reason."""
     try:
-        head = render(tokenizer, msgs[:1], add_generation_prompt=True, tools=tools)
-        for k in (1, 3):
-            after = render(tokenizer, msgs[:k + 2], add_generation_prompt=True, tools=tools)
-            text, problem = appended_text(tokenizer, msgs[:k + 1], msgs[k + 1:k + 2], str(msgs[k]["content"]),
-                                          tools=tools, head=head, after=after)
+        opener = assistant_form(tokenizer, tools)[1]
+        msgs: list[dict[str, Any]] = [{"role": "user", "content": _PROBE_ASKS[0]}]
+        head = render(tokenizer, msgs, add_generation_prompt=True, tools=tools)
+        for (reasoning, answer), ask in zip(_PROBE_REPLIES, _PROBE_ASKS[1:]):
+            sampled = _probe_reply(opener, reasoning, answer)
+            synced = msgs + [assistant_message(tokenizer, sampled, tools)]
+            new = [{"role": "user", "content": ask}]
+            after = render(tokenizer, synced + new, add_generation_prompt=True, tools=tools)
+            text, problem = appended_text(tokenizer, synced, new, sampled, tools=tools, head=head, after=after)
             if problem is not None:
                 return problem
-            head = after
+            msgs, head = synced + new, after
     except ChatTemplateError as exc:
         return exc
     return None
@@ -205,6 +215,7 @@ def prepare_multi_turn(
             source = f"the chat template {chat_template}"
         set_chat_template(tokenizer, text)
     set_multi_turn_mode(tokenizer, mode)
+    check_renders_in_time(tokenizer, chat_template if chat_template and "{" not in chat_template else None, tools)
     if mode == "per_turn":
         return "per_turn: every assistant turn after the first is a sample of its own (its prompt re-rendered)"
     problem = probe_appends(tokenizer, tools)
@@ -431,6 +442,75 @@ def assistant_closing(
     return closing
 
 
+_OPENER = re.compile(r"<think>\s*(?:</think>\s*)?$")
+_FORMS: "weakref.WeakKeyDictionary[Any, dict[Any, tuple[str, str]]]" = weakref.WeakKeyDictionary()
+
+
+def _split_reasoning(text: str) -> dict[str, str] | None:
+    reasoning, sep, answer = text.partition("</think>")
+    if not sep:
+        return None
+    return {"reasoning_content": reasoning.split("<think>", 1)[-1].strip("\n"), "content": answer.lstrip("\n")}
+
+
+def assistant_form(tokenizer: Any, tools: list[dict[str, Any]] | None = None) -> tuple[str, str]:
+    """How a sampled reply is recorded as an assistant message so that the template renders it back
+    as the generation prompt followed by exactly the sampled text: ``(form, opener)``.
+
+    ``opener`` is the start of the message the generation prompt already holds — ``<think>\n``
+    where a thinking template opens the reasoning block for the model (Qwen3.5), an empty
+    ``<think>\n\n</think>\n\n`` where a non-thinking mode closes it — and the sampled text goes
+    on after it. ``form``: ``plain`` (content = the sampled text, most templates), ``opener``
+    (content = opener + sampled text: a Qwen3.5 template given the sampled text alone would render
+    an empty reasoning block before it), ``reasoning`` (the text split at ``</think>`` into
+    ``reasoning_content`` and ``content``, for templates that render only that field, such as
+    Qwen3.6's). A template none of them fits (it drops even the last message's reasoning) stays
+    ``plain``: its turns are closed generically and, where it rewrites the history, become samples
+    of their own."""
+    key = (repr(chat_template_kwargs(tokenizer)), effective_chat_template(tokenizer), repr(tools))
+    try:
+        cache = _FORMS.setdefault(tokenizer, {})
+    except TypeError:
+        cache = {}
+    if key in cache:
+        return cache[key]
+    found = ("plain", "")
+    probe = [{"role": "user", "content": "x"}]
+    try:
+        gen = render(tokenizer, probe, add_generation_prompt=True, tools=tools)
+        m = _OPENER.search(gen)
+        opener = m.group(0) if m is not None else ""
+        sampled = "y" if "</think>" in opener else "w\n</think>\n\ny"
+        candidates = [("plain", {"content": sampled})]
+        if opener:
+            candidates.append(("opener", {"content": opener + sampled}))
+        split = _split_reasoning(opener + sampled)
+        if split is not None:
+            candidates.append(("reasoning", split))
+        for form, fields in candidates:
+            closed = render(tokenizer, probe + [{"role": "assistant", **fields}], tools=tools)
+            if closed.startswith(gen + sampled):
+                found = (form, opener)
+                break
+    except ChatTemplateError:
+        pass
+    cache[key] = found
+    return found
+
+
+def assistant_message(tokenizer: Any, sampled: str, tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The assistant message a reply sampled as ``sampled`` (after the generation prompt) stands
+    for, in the shape the template renders back token-exactly (:func:`assistant_form`)."""
+    form, opener = assistant_form(tokenizer, tools)
+    if form == "reasoning":
+        split = _split_reasoning(opener + sampled)
+        if split is not None:
+            return {"role": "assistant", **split}
+    if form in ("opener", "reasoning"):
+        return {"role": "assistant", "content": opener + sampled}
+    return {"role": "assistant", "content": sampled}
+
+
 def generic_assistant_closing(tokenizer: Any, tools: list[dict[str, Any]] | None = None) -> str:
     """What the template renders right after an assistant message's content (``<|im_end|>\\n`` in ChatML)."""
     probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL}]
@@ -514,3 +594,69 @@ def sampled_prefix_len(tokenizer: Any, ids: Sequence[int], base_text: str, targe
         if rest.startswith(decode(tokenizer, ids[:k])):
             return k
     return 0
+
+
+# --- a template that never finishes ------------------------------------------------------------------
+#: seconds the first renders of a run's chat template may take (``RLCORE_TEMPLATE_TIMEOUT``; 0: no bound)
+TEMPLATE_TIMEOUT = 30.0
+
+
+class _RenderTimeout(BaseException):
+    """Raised inside a render past its deadline; a BaseException so no ``except Exception`` of the
+    template machinery (transformers', jinja's, :func:`render`'s) swallows it."""
+
+
+def template_file(tokenizer: Any, override: str | None = None) -> str:
+    """Where the tokenizer's chat template is written: ``override`` (a ``--chat-template`` file), else
+    the model directory's ``chat_template.jinja`` / ``chat_template.json`` / ``tokenizer_config.json``."""
+    import os
+
+    if override:
+        return str(override)
+    folder = str(getattr(tokenizer, "name_or_path", "") or "")
+    for name in ("chat_template.jinja", "chat_template.json", "tokenizer_config.json"):
+        path = os.path.join(folder, name)
+        if folder and os.path.isfile(path):
+            return path
+    return f"the chat template of {folder or type(tokenizer).__name__}"
+
+
+def check_renders_in_time(tokenizer: Any, override: str | None = None,
+                          tools: list[dict[str, Any]] | None = None, timeout: float | None = None) -> None:
+    """Render a short conversation (one user message with the generation prompt, then three
+    messages) within ``timeout`` seconds, else one :class:`ChatTemplateError` naming the template
+    file. Why: a template that loops (``range(100000)`` nested) hung the run at startup with no
+    output. The bound is a SIGALRM timer, so it holds in the main thread (where ``rlcore train``
+    and ``rlcore rollout`` render); elsewhere the renders run unbounded."""
+    import os
+    import signal
+    import threading
+
+    if timeout is None:
+        try:
+            timeout = float(os.environ.get("RLCORE_TEMPLATE_TIMEOUT", TEMPLATE_TIMEOUT))
+        except ValueError:
+            raise ConfigError(f"RLCORE_TEMPLATE_TIMEOUT={os.environ['RLCORE_TEMPLATE_TIMEOUT']!r} is not a number of seconds") from None
+    convo = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye."}]
+    bounded = (timeout > 0 and hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+               and signal.getitimer(signal.ITIMER_REAL)[0] == 0)  # never cut short a timer someone else set
+    if not bounded:
+        render(tokenizer, convo[:1], add_generation_prompt=True, tools=tools)
+        return
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        raise _RenderTimeout()
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        render(tokenizer, convo[:1], add_generation_prompt=True, tools=tools)
+        render(tokenizer, convo, add_generation_prompt=True, tools=tools)
+    except _RenderTimeout:
+        raise ChatTemplateError(
+            f"the chat template ({template_file(tokenizer, override)}) did not finish rendering a 3-message conversation "
+            f"within {timeout:g} s (a loop that never ends?); fix the template, or pass one with --chat-template FILE "
+            "(RLCORE_TEMPLATE_TIMEOUT sets the bound)") from None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

@@ -133,30 +133,38 @@ def check_trajectory(
         if inside is not None:
             out.append(inside)
             return out
+        if traj.infos.get("turn_sample") is not None and all(all(t.loss_mask) for t in traj.turns):
+            # a per-turn sample that is its prompt then sampled tokens only: its prompt is checked
+            # above, the rest is what the sampler returned, and how a template would render the
+            # longer conversation (the reason this is a sample of its own) says nothing against it
+            return out
         ends_open = traj.messages[-1].get("role") == "assistant"
-        want_all = render_trained(tokenizer, traj.messages, trained_messages(traj, n_prompt), tools, not ends_open)
         if closing is None:
             closing = tk.generic_assistant_closing(tokenizer, tools=tools)
         have_all = tk.decode(tokenizer, _text_ids(traj, tokenizer, closing))
+        # the template's own rendering of the final messages; where it reformats assistant text
+        # (strips it, splits a <think> block out and renders it back), its rendering with each
+        # trained message's content placed verbatim
+        wants = [tk.render(tokenizer, traj.messages, tools=tools, add_generation_prompt=not ends_open)]
+        trained = trained_messages(traj, n_prompt)
+        if trained:
+            wants.append(render_trained(tokenizer, traj.messages, trained, tools, not ends_open))
     except tk.ChatTemplateError as exc:
         out.append(Violation(traj.uuid, "tokens", str(exc)))
         return out
-    if not want_all.startswith(want_prompt) or not have_all.startswith(have_prompt):
-        if traj.infos.get("turn_sample") is not None and all(all(t.loss_mask) for t in traj.turns):
-            # a per-turn sample that is its prompt then sampled tokens only: the prompt is checked
-            # above and the rest is what the sampler returned; a template that renders the head
-            # of a longer conversation differently (the reason this is a sample of its own) says
-            # nothing against it
+    have = want = ""
+    aligned = False
+    for want_all in wants:
+        if not want_all.startswith(want_prompt) or not have_all.startswith(have_prompt):
+            continue
+        aligned = True
+        have, want = have_all[len(have_prompt):], want_all[len(want_prompt):]
+        if have == want or (ends_open and want.startswith(have) and closing.endswith(want[len(have):])):
             return out
+    if not aligned:
         out.append(Violation(traj.uuid, "tokens", "the rendering of the final messages does not start with the "
                              "rendering of the prompt messages (earlier messages were rewritten)", 0))
         return out
-    have, want = have_all[len(have_prompt):], want_all[len(want_prompt):]
-    if have == want:
-        return out
-    if ends_open and want.startswith(have):
-        if closing.endswith(want[len(have):]):
-            return out
     at = _first_diff(have, want)
     out.append(Violation(traj.uuid, "tokens",
                          f"the tokens do not spell the final messages: {_diff(have, want)}",

@@ -57,7 +57,7 @@ class TokenStream:
     head: tuple[int, str] | None = None
     #: the last sampled turn and the assistant text before it: what a continuation edit may trim
     last_sample: Turn | None = None
-    base_content: str = ""
+    base_content: str | None = ""
     #: the exact tokens of each closed assistant message, by message index (checks token-backed messages)
     closed_ids: dict[int, list[int]] = attrs.field(factory=dict)
 
@@ -121,10 +121,17 @@ class TokenStream:
                     prev = kept
                 trajectory.messages[-1]["content"] = str(prev or "") + content
         else:
-            self.base_content = ""
-            self.synced.append({"role": "assistant", "content": content})
+            # the message as the template renders it back: the sampled text, after the part of
+            # the message the generation prompt already opened (``<think>\n``) where it has one
+            message = tk.assistant_message(self.tokenizer, content, tools=self.tools)
+            text = message.get("content")
+            # the message text before this sample (what a continuation edit may keep): unknown
+            # where the template splits the reasoning out
+            self.base_content = text[:len(text) - len(content)] if isinstance(text, str) and text.endswith(content) \
+                and "reasoning_content" not in message else None
+            self.synced.append(message)
             if update_messages:
-                trajectory.messages.append({"role": "assistant", "content": content})
+                trajectory.messages.append(dict(message))
         self.open = True
         return content
 
@@ -312,7 +319,7 @@ class TokenStream:
             return
         last = trajectory.turns[-1]
         current = str(self.synced[-1].get("content") or "") if self.synced else ""
-        if last is self.last_sample and new_content.startswith(self.base_content):
+        if last is self.last_sample and self.base_content is not None and new_content.startswith(self.base_content):
             k = tk.sampled_prefix_len(self.tokenizer, last.token_ids, self.base_content, new_content)
             if k < len(last.token_ids):
                 trajectory.infos["trimmed_tokens"] = int(trajectory.infos.get("trimmed_tokens", 0)) + len(last.token_ids) - k

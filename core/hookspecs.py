@@ -89,6 +89,19 @@ def register_datasets(register: Register) -> None:
 
 
 @hookspec
+def register_tool_parsers(register: Register) -> None:
+    """Register tool-call parsers: ``register("my_format", MyParser)``.
+
+    The factory is called with no arguments (or ``tokenizer=`` when it declares that parameter) and
+    returns an object whose ``parse(text, *, tools=None, prompt=None)`` gives the calls in an
+    assistant message's text, in order, as :class:`rlcore.rollout.ToolCall` objects (it may take
+    only ``text``). A call it cannot read is a ``ToolCall`` with ``error`` set, never an exception, and
+    its time must stay linear in the text (policies write floods of unclosed tags). Runs choose one
+    with ``tool_parser`` (``--tool-parser NAME``); see :class:`rlcore.rollout.tool_parsers.ToolParser`.
+    """
+
+
+@hookspec
 def register_commands(cli: Any) -> None:
     """Add subcommands to the ``rlcore`` command line. ``cli`` is the root :mod:`click` group:
 
@@ -180,6 +193,7 @@ REGISTRATION_HOOKS = (
     "register_advantages",
     "register_samplers",
     "register_datasets",
+    "register_tool_parsers",
     "register_commands",
 )
 #: registration hook -> component kind
@@ -191,5 +205,6 @@ KIND_OF_HOOK = {
     "register_advantages": "advantage",
     "register_samplers": "sampler",
     "register_datasets": "dataset",
+    "register_tool_parsers": "tool_parser",
 }
 KINDS = tuple(KIND_OF_HOOK.values())

@@ -69,6 +69,32 @@ def test_calculator_and_tool_parsing_stay_bounded(name: str) -> None:
     assert all(len(r["content"]) < 20_000 for r in replies)
 
 
+@pytest.mark.parametrize("parser_name", ["hermes", "qwen3_xml", "llama3_json", "gptoss", "response_schema"])
+def test_every_tool_parser_stays_bounded_and_never_raises(parser_name: str, tiny_tokenizer: Any) -> None:
+    """Each family's parser over every hostile completion (the ``response_schema`` one with TRL's
+    gpt-oss schema, whose regexes are quadratic: it reads a bounded length)."""
+    import copy
+
+    from rlcore.rollout.tool_parsers import make_tool_parser, trl_template_dir
+
+    tok = copy.copy(tiny_tokenizer)
+    if trl_template_dir() is not None:
+        tok.chat_template = (trl_template_dir() / "gptoss.jinja").read_text(encoding="utf-8")
+    elif parser_name == "response_schema":
+        pytest.skip("TRL's chat templates are not installed")
+    manager = ToolManager([calculator], parser=make_tool_parser(parser_name, tok))
+    slow = []
+    for name, text in HOSTILE_COMPLETIONS.items():
+        with memory_cap():
+            t0 = time.monotonic()
+            replies = run_sync(manager.run(text))  # parses, then runs (at most max_calls of) the calls
+            elapsed = time.monotonic() - t0
+        if elapsed > BOUND_S / 6:
+            slow.append(f"{name}: {elapsed:.1f}s")
+        assert len(replies) <= ToolManager.max_calls and all(len(r["content"]) < 20_000 for r in replies), name
+    assert not slow, f"{parser_name} was slow on: {', '.join(slow)}"
+
+
 def _in_repo_plugins() -> str:
     """Every plugin distribution of this repository that is installed here (comma-separated)."""
     from importlib import metadata

@@ -27,6 +27,7 @@ from .swift_api import (
 from .stream import INLINE_ROLE, MessagesEditError, TokenStream
 from ..chat_template import ChatTemplateError, encode_observation, encode_prompt, render, template_delta
 from .tools import EnvTool, ToolCall, ToolManager, ToolScheduler, parse_tool_calls
+from .tool_parsers import ToolParser, auto_tool_parser, make_tool_parser
 
 __all__ = [
     "ChatCompletionResponse",
@@ -50,7 +51,9 @@ __all__ = [
     "TokenStream",
     "ToolCall",
     "ToolManager",
+    "ToolParser",
     "ToolScheduler",
+    "auto_tool_parser",
     "build_scheduler",
     "encode_observation",
     "encode_prompt",
@@ -58,6 +61,7 @@ __all__ = [
     "get_token_backed_response_ids",
     "invoke_async_hook",
     "remove_response",
+    "make_tool_parser",
     "make_trajectories",
     "merge_turn_results",
     "parse_tool_calls",

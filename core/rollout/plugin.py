@@ -1,4 +1,4 @@
-"""Built-in schedulers, registered like any third-party plugin's.
+"""Built-in schedulers and tool parsers, registered like any third-party plugin's.
 
 Factories are ``"module:attr"`` strings so loading plugins stays cheap.
 """
@@ -17,6 +17,20 @@ def register_schedulers(register: Callable[..., None]) -> None:
     register("multi_turn", "rlcore.rollout.scheduler:MultiTurnScheduler",
              description="many turns; subclass and override step/check_finished (ms-swift style)")
     register("tool_scheduler", "rlcore.rollout.tools:ToolScheduler", aliases=("tool_call_scheduler",),
-             description="runs <tool_call> JSON calls with registered tools until none remain or max_turns")
+             description="runs the model's tool calls (its family's format: tool_parser) with registered tools until none remain or max_turns")
     register("env_scheduler", "rlcore.rollout.env_scheduler:EnvScheduler",
              description="one registered env per trajectory (--env NAME or env_config.name), multi-turn")
+
+
+@hookimpl
+def register_tool_parsers(register: Callable[..., None]) -> None:
+    register("hermes", "rlcore.rollout.tool_parsers:HermesToolParser",
+             description='<tool_call>{"name": …, "arguments": {…}}</tool_call> (Qwen2.5, Qwen3, Hermes)')
+    register("qwen3_xml", "rlcore.rollout.tool_parsers:Qwen3XMLToolParser", aliases=("qwen3_coder",),
+             description="<tool_call><function=NAME><parameter=ARG>…</parameter></function></tool_call> (Qwen3.5, qwen3-coder, Nemotron 3)")
+    register("llama3_json", "rlcore.rollout.tool_parsers:Llama3JSONToolParser", aliases=("llama3",),
+             description='the reply is {"name": …, "parameters": {…}} (Llama 3.1, 3.2)')
+    register("gptoss", "rlcore.rollout.tool_parsers:GptOssToolParser", aliases=("harmony",),
+             description="harmony: <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{…}<|call|> (gpt-oss)")
+    register("response_schema", "rlcore.rollout.tool_parsers:ResponseSchemaToolParser",
+             description="transformers' tokenizer.parse_response with the tokenizer's response template (or TRL's for its template)")

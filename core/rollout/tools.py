@@ -1,6 +1,8 @@
-"""Tool calling: parse ``<tool_call>`` JSON from completions, run tools, reply with tool messages.
+"""Tool calling: parse the tool calls of completions, run tools, reply with tool messages.
 
-The format is the Hermes/Qwen one the chat templates render: ``<tool_call>{"name": …, "arguments":
+The calls are found by a tool parser (:mod:`rlcore.rollout.tool_parsers`, kind ``tool_parser``): the
+model family's own format, picked from the chat template by default (``tool_parser="auto"``); the
+hand-written one here is ``hermes``, the Hermes/Qwen format: ``<tool_call>{"name": …, "arguments":
 {…}}</tool_call>``. Tools are plain functions (sync or ``async def``); their JSON schemas come from
 their signatures so the chat template can show them to the model. A tool that raises does not end
 the rollout: the error goes back to the model as the tool's answer, which is what it must learn
@@ -20,62 +22,16 @@ import warnings
 import weakref
 from typing import Any, Callable
 
-import attrs
-
 from ..asyncutil import to_thread_if_sync
 from ..bounded import DEFAULT_TIMEOUT
 from ..types import Completion, Trajectory
 from .scheduler import MultiTurnScheduler
 from ..chat_template import ChatTemplateError, encode_prompt, render
+from .tool_parsers import ToolCall, check_tool_parser_name, make_tool_parser, parse_tool_calls, run_parser  # noqa: F401 - ToolCall, parse_tool_calls: re-exported
 
-_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 #: A tool's answer longer than this is cut (the model's context is the limit that matters).
 MAX_TOOL_REPLY_CHARS = 16_384
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
-
-
-@attrs.define
-class ToolCall:
-    """One parsed call; ``error`` is set when the JSON could not be understood."""
-
-    name: str
-    arguments: dict[str, Any] = attrs.field(factory=dict)
-    error: str | None = None
-
-
-def parse_tool_calls(text: str) -> list[ToolCall]:
-    """Every ``<tool_call>`` block in ``text``, in order; malformed ones carry an ``error``."""
-    calls = []
-    for raw in _call_blocks(text or ""):
-        try:
-            obj = json.loads(raw)
-            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-                raise ValueError("expected an object with a string 'name'")
-            args = obj.get("arguments", obj.get("parameters", {}))
-            if isinstance(args, str):
-                args = json.loads(args) if args.strip() else {}
-            if not isinstance(args, dict):
-                raise ValueError("'arguments' must be an object")
-            calls.append(ToolCall(obj["name"], args))
-        except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested thousands deep
-            calls.append(ToolCall("", {}, error=f"invalid tool call {raw[:80]!r}: {str(exc)[:200]}"))
-    return calls
-
-
-def _call_blocks(text: str) -> list[str]:
-    """The stripped contents of ``<tool_call>…</tool_call>`` blocks, left to right, in linear time
-    (a lazy regex rescans the rest of the text for every unclosed ``<tool_call>``: quadratic)."""
-    out = []
-    pos = 0
-    while True:
-        start = text.find(_OPEN, pos)
-        if start < 0:
-            return out
-        end = text.find(_CLOSE, start + len(_OPEN))
-        if end < 0:
-            return out
-        out.append(text[start + len(_OPEN) : end].strip())
-        pos = end + len(_CLOSE)
 
 
 def schema_of(fn: Callable[..., Any], name: str | None = None, description: str | None = None) -> dict[str, Any]:
@@ -114,11 +70,13 @@ class ToolManager:
     """
 
     def __init__(self, tools: dict[str, Callable[..., Any]] | list[Callable[..., Any]] | None = None, *,
-                 timeout: float | None = DEFAULT_TIMEOUT) -> None:
+                 timeout: float | None = DEFAULT_TIMEOUT, parser: Any = None) -> None:
         if timeout is not None and not timeout > 0:
             raise ValueError(f"tool timeout must be a positive number of seconds or None, got {timeout!r}")
         self.timeout = timeout
         self.timeouts = 0
+        #: finds the calls in a message's text (a :class:`~rlcore.rollout.tool_parsers.ToolParser`; None: hermes)
+        self.parser = parser
         self._tools: dict[str, Callable[..., Any]] = {}
         self._schemas: dict[str, dict[str, Any]] = {}
         items = tools.items() if isinstance(tools, dict) else [(None, t) for t in (tools or [])]
@@ -143,7 +101,10 @@ class ToolManager:
         return list(self._schemas.values())
 
     def parse(self, text: str) -> list[ToolCall]:
-        return parse_tool_calls(text)
+        """The calls in ``text``, found by :attr:`parser` (typed by these tools' schemas)."""
+        if self.parser is None:
+            return parse_tool_calls(text)
+        return run_parser(self.parser, text, tools=self.schemas)
 
     async def call(self, call: ToolCall, stats: dict[str, int] | None = None) -> str:
         """Run one call; any problem (unknown tool, bad arguments, exception, timeout) becomes the
@@ -167,10 +128,12 @@ class ToolManager:
             text = text[:MAX_TOOL_REPLY_CHARS] + f"… [cut: {len(text)} characters]"
         return text
 
-    async def run(self, text: str, stats: dict[str, int] | None = None) -> list[dict[str, Any]]:
-        """Tool messages (role ``tool``) answering every call in ``text`` (the first ``max_calls``), in order."""
+    async def run(self, text: str, stats: dict[str, int] | None = None, *,
+                  calls: list[ToolCall] | None = None) -> list[dict[str, Any]]:
+        """Tool messages (role ``tool``) answering every call in ``text`` (the first ``max_calls``), in
+        order; ``calls``: the calls already parsed from it."""
         out = []
-        for call in self.parse(text)[: self.max_calls]:
+        for call in (self.parse(text) if calls is None else calls)[: self.max_calls]:
             out.append({"role": "tool", "name": call.name, "content": await self.call(call, stats)})
         return out
 
@@ -321,20 +284,48 @@ class ToolScheduler(MultiTurnScheduler):
 
     Options: ``tools`` (a :class:`ToolManager`, a dict name → function, or a list of functions;
     default: a safe ``calculator``), ``tool_timeout`` (seconds per call, default 5; see
-    :class:`ToolManager`), ``max_turns`` (4). The tool schemas are rendered into the prompt by the
-    chat template. Stats in ``infos``: ``tool_calls``, ``tool_errors``, ``tool_timeouts``.
+    :class:`ToolManager`), ``tool_parser`` (a registered ``tool_parser`` name, default ``auto``: the
+    format of the chat template's model family, see :mod:`rlcore.rollout.tool_parsers`),
+    ``max_turns`` (4). The tool schemas are rendered into the prompt by the chat template. Stats in
+    ``infos``: ``tool_calls``, ``tool_errors``, ``tool_timeouts``.
     """
 
     name = "tool_scheduler"
 
     def __init__(self, sampler: Any = None, *, tools: Any = None, tool_timeout: float | None = DEFAULT_TIMEOUT,
-                 **kwargs: Any) -> None:
+                 tool_parser: str = "auto", **kwargs: Any) -> None:
         if isinstance(tools, ToolManager):
             manager = tools
         else:
             manager = ToolManager(tools if tools is not None else [calculator], timeout=tool_timeout)
         super().__init__(sampler, tools=manager.schemas, **kwargs)
         self.tool_manager = manager
+        self.tool_parser_name = check_tool_parser_name(tool_parser) if isinstance(tool_parser, str) or tool_parser is None \
+            else tool_parser
+        self._parser: Any = None
+        if self.tokenizer is not None or getattr(sampler, "tokenizer", None) is not None:
+            self.tool_parser  # noqa: B018 - resolve it now: a parser that cannot serve this tokenizer is one line here
+
+    @property
+    def tool_parser(self) -> Any:
+        """The parser that finds the model's calls (``auto`` resolved for the tokenizer on first use)."""
+        if self._parser is None:
+            self._parser = make_tool_parser(self.tool_parser_name or "auto", self._require_tokenizer())
+        return self._parser
+
+    def parse_calls(self, trajectory: Trajectory, text: str) -> list[ToolCall]:
+        """The tool calls in ``text``, an assistant message of ``trajectory``, as the run's parser finds them."""
+        parser = self.tool_parser
+        prompt = None
+        if getattr(parser, "wants_prompt", False):
+            msgs = list(trajectory.messages)
+            if msgs and msgs[-1].get("role") == "assistant":
+                msgs = msgs[:-1]
+            try:
+                prompt = render(self._require_tokenizer(), msgs, add_generation_prompt=True, tools=self.tools_for(trajectory))
+            except ChatTemplateError:
+                prompt = ""
+        return run_parser(parser, text, tools=self.tools_for(trajectory), prompt=prompt)
 
     def on_trajectory_start(self, trajectories: list[Trajectory]) -> None:
         tok = self._require_tokenizer()
@@ -342,11 +333,12 @@ class ToolScheduler(MultiTurnScheduler):
             if t.status == "running" and t.messages:
                 t.prompt_ids = encode_prompt(tok, t.messages, tools=self.template_tools)
         warn_if_tools_not_rendered(tok, self.template_tools)
+        self.tool_parser  # noqa: B018 - resolve it now: a parser that cannot serve this tokenizer says so before any turn
 
     def check_finished(self, infer_request: Trajectory, response_choice: Completion, current_turn: int) -> bool:
         if super().check_finished(infer_request, response_choice, current_turn):
             return True
-        return not self.tool_manager.parse(response_choice.message.content)
+        return not self.parse_calls(infer_request, response_choice.message.content)
 
     def manager_for(self, trajectory: Trajectory) -> ToolManager:
         """The tools ``trajectory``'s calls run against (one manager for all; a subclass may give
@@ -355,7 +347,8 @@ class ToolScheduler(MultiTurnScheduler):
 
     async def step(self, infer_request: Trajectory, response_choice: Completion, current_turn: int) -> dict[str, Any]:
         stats: dict[str, int] = {}
-        replies = await self.manager_for(infer_request).run(response_choice.message.content, stats)
+        text = response_choice.message.content
+        replies = await self.manager_for(infer_request).run(text, stats, calls=self.parse_calls(infer_request, text))
         infer_request.messages.extend(replies)
         infos = infer_request.infos
         infos["tool_timeouts"] = int(infos.get("tool_timeouts", 0)) + stats.get("tool_timeouts", 0)

@@ -10,7 +10,8 @@ Every entry is built lazily-cheap (string multiplication) and is at most a few m
 families: huge powers and exponent towers (arbitrary-precision arithmetic that never ends), deep
 brackets (recursive parsers), megabyte strings and tag floods (regexes that are quadratic in the
 number of unclosed tags), NUL bytes and invalid UTF-8 (decoders and C libraries), LaTeX bombs
-(sympy simplification, macro expansion), tool-call floods.
+(sympy simplification, macro expansion), tool-call floods in every family's format (hermes JSON,
+Qwen3.5 XML, Llama 3 JSON, gpt-oss harmony).
 """
 
 from __future__ import annotations
@@ -64,6 +65,17 @@ HOSTILE_COMPLETIONS: dict[str, str] = {
     "integral": "\\boxed{\\int_0^{\\infty} e^{-x^{99999}} \\, dx}",
     "huge_matrix": "\\boxed{\\begin{pmatrix}" + "1 & " * 20_000 + "1\\end{pmatrix}}",
     "boxed_flood": "\\boxed{1}" * 100_000,
+    # each family's tool-call format (rlcore.rollout.tool_parsers): tag floods, unclosed parts, call floods
+    "xml_function_flood": "<tool_call><function=" * (_MB // 21),
+    "xml_parameter_flood": "<tool_call>\n<function=calculator>\n" + "<parameter=" * (_MB // 11),
+    "xml_unclosed_parameters": "<tool_call>\n<function=calculator>\n" + "<parameter=expression>\n9**99\n" * 40_000 + "</tool_call>",
+    "xml_many_calls": "<tool_call>\n<function=calculator>\n<parameter=expression>\n9**99\n</parameter>\n</function>\n</tool_call>" * 2_000,
+    "llama3_deep_json": '{"name": "calculator", "parameters": ' + "[" * 100_000,
+    "llama3_call_flood": '{"name": "calculator", "parameters": {"expression": "9**99"}}; ' * 5_000,
+    "harmony_recipient_flood": "to=functions." * (_MB // 13),
+    "harmony_message_flood": "<|channel|>commentary to=functions.calculator <|constrain|>json<|message|>" * 12_000,
+    "harmony_many_calls": "<|start|>assistant<|channel|>commentary to=functions.calculator <|constrain|>json<|message|>"
+                          '{"expression": "9**99"}<|call|>' * 2_000,
 }
 
 

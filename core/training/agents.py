@@ -63,7 +63,7 @@ class AgentOptions:
         if self.environment_factory is not None:
             kwargs["environment_factory"] = self.environment_factory
         return cls(sampler, tools=list(self.tools), tokenizer=tokenizer, max_turns=max_turns,
-                   sampling_params=sampling_params(args), **kwargs)
+                   sampling_params=sampling_params(args), tool_parser=args.tool_parser, **kwargs)
 
 
 def trl_agent_options(args: Any, tools: Any, environment_factory: Any, rollout_func: Any, scheduler: Any) -> AgentOptions:

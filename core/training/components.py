@@ -242,6 +242,8 @@ def make_scheduler(args: GRPOConfig, sampler: Any, tokenizer: Any, scheduler: An
         opts["env_kwargs"] = {**env_opts["env_kwargs"], **json_object(sched_opts["env_kwargs"], "env_kwargs")}
     if args.max_turns is not None:
         opts["max_turns"] = args.max_turns
+    if "tool_parser" in factory_parameters(factory):  # tool schedulers: the run's tool_parser (scheduler_options win)
+        opts.setdefault("tool_parser", args.tool_parser)
     return build_scheduler(factory, sampler, tokenizer, sampling_params=sampling_params(args), **opts)
 
 

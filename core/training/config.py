@@ -104,6 +104,7 @@ class GRPOConfig(TrainingArguments):
     advantage: str = field(default="grpo", metadata={"help": "Advantage estimator: grpo, rloo, reinforce_plus_plus, gigpo …"})
     reward_funcs: list[str] | None = field(default=None, metadata={"help": "Reward names (rlcore components reward)."})
     max_turns: int | None = field(default=None, metadata={"help": "Turns per trajectory (default: the scheduler's)."})
+    tool_parser: str = field(default="auto", metadata={"help": "How a tool scheduler finds the model's tool calls: auto (the format of the chat template's model family: hermes, qwen3_xml, llama3_json, gptoss, or the tokenizer's response schema) or a registered tool_parser (rlcore components tool_parser)."})
     observers: list[str] | None = field(default=None, metadata={"help": "Installed observer plugins that watch rollouts (logged only, never trained on)."})
     scheduler_options: dict | str | None = field(default=None, metadata={"help": "JSON dict of scheduler options."})
     env_options: dict | str | None = field(default=None, metadata={"help": "JSON dict of the env's options: under an env scheduler, keys the scheduler declares (env, env_url …) are its own and the rest reach the env (env_kwargs); other schedulers get them all."})
@@ -408,6 +409,8 @@ def validate_components(cfg: GRPOConfig, extra_rewards: int = 0, environment_rew
         p.get("reward", name)
     for name in cfg.observers or []:  # an observer is named like a component: a typo is one line, nothing loaded
         p.observer(name)
+    if cfg.tool_parser != "auto":
+        p.component("tool_parser", cfg.tool_parser)
     check_component_options(cfg)
     if cfg.vllm_model_impl != "vllm" and cfg.sampler != "vllm":
         raise ConfigError(f"vllm_model_impl={cfg.vllm_model_impl!r} applies to the colocated vllm sampler (sampler='vllm', or "

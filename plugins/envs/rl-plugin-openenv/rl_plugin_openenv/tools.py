@@ -1,7 +1,8 @@
 """The EnvTool path: an OpenEnv environment driven through tool calls instead of free-text actions.
 
 The model sees the environment's actions as tools (rendered by the chat template) and calls them
-as ``<tool_call>{"name": …, "arguments": {…}}</tool_call>``. Which tools:
+in its family's format (``tool_parser``, default ``auto``: e.g. ``<tool_call>{"name": …, "arguments":
+{…}}</tool_call>``, or Qwen3.5's ``<function=…><parameter=…>`` XML). Which tools:
 
 * an MCP environment (its action schema is OpenEnv's ``CallToolAction``/``ListToolsAction``): every
   MCP tool the server lists, called as ``{"type": "call_tool", "tool_name": …, "arguments": …}``;
@@ -22,7 +23,8 @@ from typing import Any
 
 import attrs
 from rlcore.errors import EnvError
-from rlcore.rollout import EnvTool, ToolManager
+from rlcore.rollout import EnvTool, ToolManager, make_tool_parser
+from rlcore.rollout.tool_parsers import check_tool_parser_name
 from rlcore.types import Completion, Trajectory
 
 from .client import ActionRejected, OpenEnvSession
@@ -117,16 +119,19 @@ class OpenEnvToolScheduler(OpenEnvScheduler):
     """``openenv_tool_scheduler``: OpenEnv actions as tool calls (one session per trajectory).
 
     Options: those of ``openenv_scheduler`` plus ``tool_name`` (the single tool's name for non-MCP
-    environments). The episode ends when the environment says done, when the model replies
+    environments) and ``tool_parser`` (how the model's calls are found; default ``auto``, the chat
+    template's family format). The episode ends when the environment says done, when the model replies
     without a tool call, or at ``max_turns``. Tools are discovered once, from the first
     trajectory's server: one scheduler drives one kind of environment.
     """
 
     name = "openenv_tool_scheduler"
 
-    def __init__(self, sampler: Any = None, *, tool_name: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, sampler: Any = None, *, tool_name: str | None = None, tool_parser: str = "auto", **kwargs: Any) -> None:
         super().__init__(sampler, **kwargs)
         self.tool_name = tool_name
+        self.tool_parser_name = check_tool_parser_name(tool_parser)
+        self._parser: Any = None
         self.specs: list[ToolSpec] | None = None
         self._discover_lock: asyncio.Lock | None = None
         self._tools_by_traj: dict[str, tuple[EnvTool, ToolManager, _SessionAsEnv]] = {}
@@ -149,7 +154,9 @@ class OpenEnvToolScheduler(OpenEnvScheduler):
         specs = await self.ensure_tools(env.session.base_url)
         adapter = _SessionAsEnv(env, self)
         env_tool = EnvTool(adapter)
-        manager = ToolManager(timeout=None)  # env steps are bounded by env_timeout (_env_call) already
+        if self._parser is None:
+            self._parser = make_tool_parser(self.tool_parser_name, self._require_tokenizer())
+        manager = ToolManager(timeout=None, parser=self._parser)  # env steps are bounded by env_timeout (_env_call) already
         for spec in specs:
             manager.register(_tool_fn(env_tool, spec), name=spec.name, schema=spec.schema)
         self._tools_by_traj[trajectory.uuid] = (env_tool, manager, adapter)

@@ -45,6 +45,30 @@ async def test_tool_calls_step_the_env_and_rewards_flow(server, tokenizer):
     assert tokenizer.decode(t.input_ids, skip_special_tokens=False) + "\n" == render(tokenizer, t.messages, tools=sched.tools)
 
 
+async def test_a_qwen3_5_model_calls_the_env_in_its_xml_format(server, tokenizer):
+    """Under Qwen3.5's original template (TRL's copy) the calls are its XML, found by tool_parser
+    auto and typed by the tool's schema ("10" is the integer the action wants)."""
+    import copy
+
+    from rlcore.rollout.tool_parsers import trl_template_dir
+
+    if trl_template_dir() is None:
+        pytest.skip("TRL's chat templates are not installed")
+    tok = copy.copy(tokenizer)
+    tok.chat_template = (trl_template_dir() / "qwen3_5_nothink.jinja").read_text(encoding="utf-8")
+
+    def xml(n: int) -> str:
+        return f"<tool_call>\n<function=guess>\n<parameter=guess>\n{n}\n</parameter>\n</function>\n</tool_call>"
+
+    sched = rlcore.get("scheduler", "openenv_tool_scheduler")(ScriptedSampler([xml(10), xml(12)], tokenizer=tok),
+                                                               tokenizer=tok, env_url=server, max_turns=5)
+    prompts = [Prompt([], [], data={"env_config": {"target": 12}})]
+    (t,) = (await run_rollouts(sched, prompts, sampling_params=SamplingParams(max_tokens=60), progress=False)).trajectories
+    assert t.status == "ok" and t.step_rewards == [0.0, 1.0]
+    assert t.infos["tool_calls"] == 2 and t.infos["tool_errors"] == 0
+    assert [m for m in t.messages if m["role"] == "tool"][0]["content"].startswith("10 is too low.")
+
+
 async def test_reply_without_tool_call_ends_episode(server, tokenizer):
     sampler = ScriptedSampler(["I give up."], tokenizer=tokenizer)
     sched = rlcore.get("scheduler", "openenv_tool_scheduler")(sampler, tokenizer=tokenizer, env_url=server, max_turns=5)

@@ -1,0 +1,575 @@
+"""Tool-call parsers: each model family writes its tool calls its own way.
+
+A parser reads the text of one assistant message and returns its :class:`~rlcore.rollout.ToolCall`\\ s
+in order; a call it cannot understand carries an ``error`` (the model is answered ``Error: invalid
+tool call …`` and may retry), and no input makes it raise. Every built-in parser runs in time linear
+in the text (``str.find`` scans that only move forward, one-pass marker scans, the C JSON decoder),
+because a policy in training writes floods of unclosed tags and brackets.
+
+Built-ins (kind ``tool_parser``; ``rlcore components tool_parser``):
+
+* ``hermes`` — ``<tool_call>{"name": …, "arguments": {…}}</tool_call>`` (Qwen2.5, Qwen3, Hermes, SmolLM3 …);
+* ``qwen3_xml`` — ``<tool_call><function=NAME><parameter=ARG>value</parameter></function></tool_call>``
+  (Qwen3.5/3.6, qwen3-coder, Nemotron 3); values are typed by the tool's JSON schema;
+* ``llama3_json`` — the whole reply is ``{"name": …, "parameters": {…}}`` (Llama 3.1/3.2);
+* ``gptoss`` — harmony messages ``<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{…}<|call|>``
+  (either order of recipient and channel, as gpt-oss writes them and as its template renders them);
+* ``response_schema`` — transformers' ``tokenizer.parse_response`` with the tokenizer's own response
+  template, or the one TRL knows for its chat template (``trl.chat_template_utils.add_response_schema``).
+
+``auto`` (the default of ``tool_parser``): the tokenizer's own response template if it carries one;
+else the parser of the family whose template TRL ships (``trl/chat_templates/*.jinja``, originals
+and ``_training`` variants) — rlcore's own parser where it has one, ``response_schema`` for the other
+families TRL knows (GLM-4-MoE, LFM2.5, Gemma 4); else what the template's text shows; else ``hermes``.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import inspect
+import json
+import re
+import threading
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import attrs
+
+from ..errors import ConfigError
+
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+
+
+@attrs.define
+class ToolCall:
+    """One parsed call; ``error`` is set when the JSON could not be understood."""
+
+    name: str
+    arguments: dict[str, Any] = attrs.field(factory=dict)
+    error: str | None = None
+
+
+def parse_tool_calls(text: str) -> list[ToolCall]:
+    """Every ``<tool_call>`` block in ``text``, in order; malformed ones carry an ``error``."""
+    calls = []
+    for raw in _call_blocks(text or ""):
+        try:
+            obj = json.loads(raw)
+            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+                raise ValueError("expected an object with a string 'name'")
+            args = obj.get("arguments", obj.get("parameters", {}))
+            if isinstance(args, str):
+                args = json.loads(args) if args.strip() else {}
+            if not isinstance(args, dict):
+                raise ValueError("'arguments' must be an object")
+            calls.append(ToolCall(obj["name"], args))
+        except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested thousands deep
+            calls.append(ToolCall("", {}, error=f"invalid tool call {raw[:80]!r}: {str(exc)[:200]}"))
+    return calls
+
+
+def _call_blocks(text: str) -> list[str]:
+    """The stripped contents of ``<tool_call>…</tool_call>`` blocks, left to right, in linear time
+    (a lazy regex rescans the rest of the text for every unclosed ``<tool_call>``: quadratic)."""
+    out = []
+    pos = 0
+    while True:
+        start = text.find(_OPEN, pos)
+        if start < 0:
+            return out
+        end = text.find(_CLOSE, start + len(_OPEN))
+        if end < 0:
+            return out
+        out.append(text[start + len(_OPEN) : end].strip())
+        pos = end + len(_CLOSE)
+
+
+#: longest function or parameter name a parser reads (a bounded scan for the closing ``>``)
+MAX_NAME_CHARS = 256
+#: ``response_schema`` hands at most this many characters to transformers (its regexes are not
+#: linear in the text); a longer message gets one error call instead
+MAX_SCHEMA_CHARS = 100_000
+
+
+def invalid(raw: str, why: str) -> ToolCall:
+    """A call that could not be understood: the model is answered ``Error: invalid tool call …``."""
+    return ToolCall("", {}, error=f"invalid tool call {raw[:80]!r}: {str(why)[:200]}")
+
+
+class ToolParser:
+    """Finds the tool calls in an assistant message's text.
+
+    Subclass it (or write any class with the same ``parse``) and register it from a plugin::
+
+        @rlcore.hookimpl
+        def register_tool_parsers(register):
+            register("my_format", MyParser)
+
+    The factory is called with no arguments, or with ``tokenizer=`` when it declares that parameter.
+    ``tools`` are the schemas the prompt rendered (OpenAI style), for parsers that type arguments by
+    them; ``prompt`` is the text the model was given before this message, for parsers that need it.
+    """
+
+    name = "tool_parser"
+
+    def parse(self, text: str, *, tools: Sequence[dict[str, Any]] | None = None,
+              prompt: str | None = None) -> list[ToolCall]:
+        raise NotImplementedError
+
+    #: whether :meth:`parse` reads ``prompt`` (the scheduler renders it only for such parsers)
+    wants_prompt = False
+
+
+class HermesToolParser(ToolParser):
+    """``<tool_call>{"name": …, "arguments": {…}}</tool_call>`` blocks (``parse_tool_calls``)."""
+
+    name = "hermes"
+
+    def parse(self, text: str, *, tools: Sequence[dict[str, Any]] | None = None,
+              prompt: str | None = None) -> list[ToolCall]:
+        return parse_tool_calls(text)
+
+
+# --- qwen3_xml ---------------------------------------------------------------------------------------
+def _param_types(tools: Sequence[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    """tool name → {parameter name → its JSON schema}."""
+    out: dict[str, dict[str, Any]] = {}
+    for t in tools or []:
+        fn = t.get("function", t) if isinstance(t, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            props = (fn.get("parameters") or {}).get("properties") if isinstance(fn.get("parameters"), dict) else None
+            out[fn["name"]] = props if isinstance(props, dict) else {}
+    return out
+
+
+def _typed(value: str, schema: Any) -> Any:
+    """A parameter's text as its schema's type: a string stays text (``"75001"`` is a zip code);
+    any other declared type, or none known, is read as JSON where it parses, else kept as text."""
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    if kind == "string" or (isinstance(kind, list) and kind and kind[0] == "string"):
+        return value
+    try:
+        return json.loads(value)
+    except (ValueError, RecursionError):
+        return value
+
+
+def _name_at(text: str, pos: int) -> tuple[str, int] | None:
+    """The name from ``pos`` to the next ``>`` (at most :data:`MAX_NAME_CHARS`, one line), and the
+    position after the ``>``; None when there is none."""
+    end = text.find(">", pos, pos + MAX_NAME_CHARS + 1)
+    if end < 0:
+        return None
+    name = text[pos:end].strip()
+    if not name or "\n" in name or "<" in name:
+        return None
+    return name, end + 1
+
+
+class Qwen3XMLToolParser(ToolParser):
+    """``<tool_call>\\n<function=NAME>\\n<parameter=ARG>\\nvalue\\n</parameter>\\n</function>\\n</tool_call>``.
+
+    The template writes a string value as raw text and anything else as JSON, one newline on each
+    side: those newlines are removed and the value is typed by the tool's schema (``tools``). A
+    block holding hermes JSON instead (``{"name": …}``) is read as hermes. A parameter left open
+    ends at the next ``<parameter=`` or at ``</function>``.
+    """
+
+    name = "qwen3_xml"
+
+    def parse(self, text: str, *, tools: Sequence[dict[str, Any]] | None = None,
+              prompt: str | None = None) -> list[ToolCall]:
+        types = _param_types(tools)
+        calls = []
+        for raw in _call_blocks(text or ""):
+            if raw.startswith("{"):
+                calls.extend(parse_tool_calls(f"<tool_call>{raw}</tool_call>"))
+                continue
+            calls.append(self._block(raw, types))
+        return calls
+
+    @staticmethod
+    def _block(raw: str, types: dict[str, dict[str, Any]]) -> ToolCall:
+        if not raw.startswith("<function="):
+            return invalid(raw, "expected <function=NAME> after <tool_call>")
+        got = _name_at(raw, len("<function="))
+        if got is None:
+            return invalid(raw, f"<function=NAME> needs a name of at most {MAX_NAME_CHARS} characters closed by '>'")
+        name, pos = got
+        stop = raw.find("</function>", pos)
+        body = raw[pos:] if stop < 0 else raw[pos:stop]
+        schema = types.get(name, {})
+        args: dict[str, Any] = {}
+        start = body.find("<parameter=")
+        if body[:start if start >= 0 else len(body)].strip():
+            return invalid(raw, "only <parameter=ARG>…</parameter> may follow <function=NAME>")
+        close = body.find("</parameter>")  # the next closing tag, searched again only once passed
+        while start >= 0:
+            got = _name_at(body, start + len("<parameter="))
+            if got is None:
+                return invalid(raw, f"<parameter=ARG> needs a name of at most {MAX_NAME_CHARS} characters closed by '>'")
+            key, vstart = got
+            nxt = body.find("<parameter=", vstart)
+            if 0 <= close < vstart:
+                close = body.find("</parameter>", vstart)
+            ends = [e for e in (close, nxt) if e >= 0]
+            vend = min(ends) if ends else len(body)
+            value = body[vstart:vend]
+            if value.startswith("\n"):
+                value = value[1:]
+            if value.endswith("\n"):
+                value = value[:-1]
+            args[key] = _typed(value, schema.get(key))
+            if vend == close:
+                tail = body[close + len("</parameter>"): nxt if nxt >= 0 else len(body)]
+                if tail.strip():
+                    return invalid(raw, f"text after </parameter> of {key!r}: {tail.strip()[:40]!r}")
+            start = nxt
+        return ToolCall(name, args)
+
+
+# --- llama3_json -------------------------------------------------------------------------------------
+_LLAMA_HEAD = re.compile(r'\{\s*"name"\s*:')
+_LLAMA_SEPARATORS = " \t\r\n;"
+
+
+class Llama3JSONToolParser(ToolParser):
+    """Llama 3.1/3.2: the reply *is* the call, ``{"name": NAME, "parameters": {…}}`` (``arguments``
+    is read too), optionally after ``<|python_tag|>``; several calls may follow each other,
+    separated by ``;`` or whitespace. A reply that does not start with such an object is an answer,
+    not a call; one that starts like a call and does not parse is an invalid call."""
+
+    name = "llama3_json"
+
+    def parse(self, text: str, *, tools: Sequence[dict[str, Any]] | None = None,
+              prompt: str | None = None) -> list[ToolCall]:
+        s = (text or "").strip()
+        for tag in ("<|python_tag|>",):
+            if s.startswith(tag):
+                s = s[len(tag):].lstrip()
+        for end in ("<|eot_id|>", "<|eom_id|>"):
+            if s.endswith(end):
+                s = s[: -len(end)].rstrip()
+        if not s.startswith("{"):
+            return []
+        decoder = json.JSONDecoder()
+        calls: list[ToolCall] = []
+        pos = 0
+        while pos < len(s):
+            looks_like_call = _LLAMA_HEAD.match(s, pos) is not None
+            try:
+                obj, end = decoder.raw_decode(s, pos)
+            except (ValueError, RecursionError) as exc:
+                if looks_like_call or calls:
+                    calls.append(invalid(s[pos:], exc))
+                return calls
+            if not (isinstance(obj, dict) and isinstance(obj.get("name"), str)
+                    and ("parameters" in obj or "arguments" in obj)):
+                if calls:
+                    calls.append(invalid(s[pos:end], "expected an object with a string 'name' and 'parameters'"))
+                return calls  # a JSON answer, not a call
+            args = obj.get("parameters", obj.get("arguments", {}))
+            try:
+                if isinstance(args, str):
+                    args = json.loads(args) if args.strip() else {}
+            except (ValueError, RecursionError) as exc:
+                calls.append(invalid(s[pos:end], exc))
+            else:
+                calls.append(ToolCall(obj["name"], args) if isinstance(args, dict)
+                             else invalid(s[pos:end], "'parameters' must be an object"))
+            pos = end
+            while pos < len(s) and s[pos] in _LLAMA_SEPARATORS:
+                pos += 1
+            if pos < len(s) and s[pos] != "{":
+                return calls  # text after the call(s): not part of them
+        return calls
+
+
+# --- gptoss (harmony) --------------------------------------------------------------------------------
+_HARMONY_MARKER = re.compile(r"<\|(start|end|message|channel|constrain|call|return)\|>")
+_TERMINATORS = ("end", "call", "return")
+
+
+class GptOssToolParser(ToolParser):
+    """gpt-oss's harmony messages: a message whose header names a recipient (``to=functions.NAME``,
+    before or after ``<|channel|>commentary``, with or without ``<|constrain|>json``) is a call, its
+    ``<|message|>`` body the JSON arguments, up to ``<|call|>`` (or the end of the text: the sampler
+    drops the closing special token). Other messages (``analysis``, ``final``, preambles) are not
+    calls. One scan over the harmony markers: linear in the text."""
+
+    name = "gptoss"
+
+    def parse(self, text: str, *, tools: Sequence[dict[str, Any]] | None = None,
+              prompt: str | None = None) -> list[ToolCall]:
+        text = text or ""
+        calls = []
+        header_start = 0
+        body_start: int | None = None
+        header = ""
+        for m in _HARMONY_MARKER.finditer(text):
+            kind = m.group(1)
+            if body_start is None:
+                if kind == "message":
+                    header = text[header_start:m.start()]
+                    body_start = m.end()
+                elif kind == "start" or kind in _TERMINATORS:
+                    header_start = m.end()  # a header without a body: the next one starts here
+                continue
+            if kind in _TERMINATORS or kind == "start":
+                call = self._message(header, text[body_start:m.start()])
+                if call is not None:
+                    calls.append(call)
+                body_start = None
+                header_start = m.end()
+        if body_start is not None:
+            call = self._message(header, text[body_start:])
+            if call is not None:
+                calls.append(call)
+        return calls
+
+    @staticmethod
+    def _message(header: str, body: str) -> ToolCall | None:
+        at = header.find("to=")
+        if at < 0:
+            return None
+        rest = header[at + 3: at + 3 + MAX_NAME_CHARS + 1]
+        end = len(rest)
+        for stop in (" ", "\t", "\n", "<|"):
+            k = rest.find(stop)
+            if 0 <= k < end:
+                end = k
+        recipient = rest[:end]
+        raw = header.strip() + "<|message|>" + body
+        if not recipient or end > MAX_NAME_CHARS:
+            return invalid(raw, f"'to=' needs a recipient of at most {MAX_NAME_CHARS} characters")
+        name = recipient[len("functions."):] if recipient.startswith("functions.") else recipient
+        if not name:
+            return invalid(raw, "'to=functions.' names no function")
+        try:
+            args = json.loads(body) if body.strip() else {}
+        except (ValueError, RecursionError) as exc:
+            return invalid(raw, exc)
+        if not isinstance(args, dict):
+            return invalid(raw, "the arguments must be a JSON object")
+        return ToolCall(name, args)
+
+
+# --- response_schema (transformers' parse_response) --------------------------------------------------
+class ResponseSchemaToolParser(ToolParser):
+    """transformers' ``tokenizer.parse_response`` with the tokenizer's own response template (or
+    legacy ``response_schema``), else the one TRL's ``add_response_schema`` knows for its chat
+    template. transformers' regexes are not linear in the text: a message over
+    :data:`MAX_SCHEMA_CHARS` characters gets one error call instead of being parsed."""
+
+    name = "response_schema"
+    wants_prompt = True
+
+    def __init__(self, tokenizer: Any = None) -> None:
+        self.tokenizer = tokenizer
+        self.schema = response_schema_of(tokenizer) if tokenizer is not None else None
+        if tokenizer is not None and self.schema is None:
+            raise ConfigError(
+                f"tool_parser 'response_schema': the tokenizer {_tokenizer_name(tokenizer)} has no response template and TRL "
+                "knows none for its chat template; set tokenizer.response_template or pick another tool_parser "
+                f"({', '.join(BUILTIN_NAMES)})")
+
+    def parse(self, text: str, *, tools: Sequence[dict[str, Any]] | None = None,
+              prompt: str | None = None) -> list[ToolCall]:
+        text = text or ""
+        if self.tokenizer is None or self.schema is None:
+            return [invalid(text, "the response_schema parser was built without a tokenizer")]
+        if len(text) > MAX_SCHEMA_CHARS:
+            return [invalid(text, f"the message is {len(text)} characters, over the {MAX_SCHEMA_CHARS} the response "
+                                  "schema parser reads") ] if _mentions_call(text) else []
+        try:
+            message = self.tokenizer.parse_response(text, self.schema, prefix=prompt or "", tools=list(tools) if tools else None)
+        except Exception as exc:  # noqa: BLE001 - whatever transformers raises on model output is the model's error
+            return [invalid(text, f"{type(exc).__name__}: {exc}")]
+        calls = []
+        items = message.get("tool_calls") if isinstance(message, dict) else None
+        for item in items if isinstance(items, list) else []:
+            fn = item.get("function", item) if isinstance(item, dict) else None
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                calls.append(invalid(json.dumps(item, default=str), "expected a function with a string 'name'"))
+                continue
+            args = fn.get("arguments", {})
+            if isinstance(args, str):
+                try:
+                    args = json.loads(args) if args.strip() else {}
+                except (ValueError, RecursionError) as exc:
+                    calls.append(invalid(args, exc))
+                    continue
+            calls.append(ToolCall(fn["name"], args) if isinstance(args, dict)
+                         else invalid(json.dumps(fn, default=str), "'arguments' must be an object"))
+        return calls
+
+
+def _mentions_call(text: str) -> bool:
+    return any(m in text for m in ("<tool_call>", "<|tool_call", "to=functions.", '"name"', "<function="))
+
+
+def _tokenizer_name(tokenizer: Any) -> str:
+    return getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+
+
+def response_schema_of(tokenizer: Any) -> Any:
+    """The response template (or legacy schema) ``tokenizer`` carries, else the one TRL's
+    ``add_response_schema`` would set for its chat template (on a copy: the tokenizer is not
+    changed), else None."""
+    own = getattr(tokenizer, "response_template", None) or getattr(tokenizer, "response_schema", None)
+    if own:
+        return own
+    if not isinstance(getattr(tokenizer, "chat_template", None), str):
+        return None
+    try:
+        from trl.chat_template_utils import add_response_schema
+    except Exception:  # noqa: BLE001 - TRL absent or broken: it knows nothing
+        return None
+    probe = copy.copy(tokenizer)
+    family = trl_template_family(tokenizer.chat_template)
+    original = trl_template_dir() / f"{family}.jinja" if family is not None and trl_template_dir() is not None else None
+    if original is not None and original.is_file():  # a _training variant parses as its original does
+        probe.chat_template = original.read_text(encoding="utf-8")
+    try:
+        add_response_schema(probe)
+    except Exception:  # noqa: BLE001 - ValueError: TRL does not know this template
+        return None
+    return getattr(probe, "response_template", None) or getattr(probe, "response_schema", None)
+
+
+# --- auto: which parser a tokenizer's template calls for ---------------------------------------------
+BUILTIN_NAMES = ("hermes", "qwen3_xml", "llama3_json", "gptoss", "response_schema")
+
+#: TRL's template files (``trl/chat_templates/NAME.jinja`` and ``NAME_training.jinja``) → the parser
+#: of their family. The other families TRL knows a response schema for get ``response_schema``.
+TRL_TEMPLATE_PARSERS: dict[str, str] = {
+    **dict.fromkeys(("qwen2_5", "qwen3", "qwen3_instruct_2507", "qwen3_vl", "qwen2_5_vl"), "hermes"),
+    **dict.fromkeys(("qwen3_5_think", "qwen3_5_nothink", "qwen3_6", "qwen3_8", "nemotron_3_nano", "nemotron_3_super",
+                     "nemotron_3_ultra", "nemotron_3_5_lightning"), "qwen3_xml"),
+    **dict.fromkeys(("llama3_1", "llama3_2"), "llama3_json"),
+    "gptoss": "gptoss",
+    **dict.fromkeys(("glm4moe", "lfm2_v2", "lfm2_2_5", "lfm2_2_5_v2", "lfm2_2_5_vl", "gemma4", "gemma4_v2", "gemma4_v3",
+                     "gemma4_v4", "gemma4_v5"), "response_schema"),
+}
+
+_TRL_TEXTS: dict[str, str] | None = None
+_TRL_LOCK = threading.Lock()
+
+
+def trl_template_dir() -> Path | None:
+    """``trl/chat_templates`` of the installed TRL (found without importing TRL), or None."""
+    try:
+        spec = importlib.util.find_spec("trl")
+    except (ImportError, ValueError):
+        return None
+    for loc in (spec.submodule_search_locations or []) if spec is not None else []:
+        d = Path(loc) / "chat_templates"
+        if d.is_dir():
+            return d
+    return None
+
+
+def trl_template_family(template: str) -> str | None:
+    """The name of the TRL template file (``qwen3_5_think``; a ``_training`` variant gives its
+    family's name) whose text ``template`` is, or None."""
+    global _TRL_TEXTS
+    with _TRL_LOCK:
+        if _TRL_TEXTS is None:
+            texts: dict[str, str] = {}
+            d = trl_template_dir()
+            for path in sorted(d.glob("*.jinja")) if d is not None else []:
+                try:
+                    texts.setdefault(path.read_text(encoding="utf-8"), path.stem.removesuffix("_training"))
+                except OSError:
+                    continue
+            _TRL_TEXTS = texts
+    return _TRL_TEXTS.get(template)
+
+
+def _by_text(template: str) -> str | None:
+    """What a template's own text shows of its tool-call format (templates that are not TRL's copy)."""
+    if "<function=" in template and "<parameter=" in template:
+        return "qwen3_xml"
+    if "to=functions." in template or ("<|channel|>" in template and "functions." in template):
+        return "gptoss"
+    if "<tool_call>" in template:
+        return "hermes"
+    if '"parameters"' in template and "<|start_header_id|>" in template:
+        return "llama3_json"
+    return None
+
+
+def auto_tool_parser(tokenizer: Any) -> tuple[str, str]:
+    """``(parser name, why)`` that ``tool_parser="auto"`` picks for ``tokenizer``."""
+    if tokenizer is not None and (getattr(tokenizer, "response_template", None) or getattr(tokenizer, "response_schema", None)):
+        return "response_schema", "the tokenizer's own response template"
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # several named templates: the default one renders tool conversations
+        template = template.get("tool_use") or template.get("default")
+    if isinstance(template, str):
+        family = trl_template_family(template)
+        if family is not None and family in TRL_TEMPLATE_PARSERS:
+            return TRL_TEMPLATE_PARSERS[family], f"the {family} chat template"
+        guess = _by_text(template)
+        if guess is not None:
+            return guess, "the tool-call format the chat template renders"
+    return "hermes", "no known tool-call format in the chat template"
+
+
+def make_tool_parser(spec: Any = "auto", tokenizer: Any = None) -> ToolParser:
+    """A parser from a registered name (``"auto"`` resolves for ``tokenizer``), or ``spec`` itself
+    when it already is one (anything with ``parse``)."""
+    if spec is None:
+        spec = "auto"
+    if not isinstance(spec, str):
+        if callable(getattr(spec, "parse", None)):
+            return spec
+        raise ConfigError(f"tool_parser must be a registered name or an object with parse(text), got {type(spec).__name__}")
+    name = auto_tool_parser(tokenizer)[0] if spec == "auto" else spec
+    from ..plugins import get
+
+    factory = get("tool_parser", name)
+    if _takes_tokenizer(factory):
+        return factory(tokenizer=tokenizer)
+    return factory()
+
+
+_PARSE_KWARGS: dict[type, frozenset[str]] = {}
+
+
+def run_parser(parser: Any, text: str, *, tools: Sequence[dict[str, Any]] | None = None,
+               prompt: str | None = None) -> list[ToolCall]:
+    """``parser.parse(text, …)`` with the keyword arguments its ``parse`` takes (a plugin's
+    ``parse(self, text)`` gets only the text)."""
+    kind = type(parser)
+    accepted = _PARSE_KWARGS.get(kind)
+    if accepted is None:
+        try:
+            params = inspect.signature(parser.parse).parameters
+        except (TypeError, ValueError):
+            params = {}  # type: ignore[assignment]
+        var_kw = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        accepted = frozenset(k for k in ("tools", "prompt") if var_kw or k in params)
+        _PARSE_KWARGS[kind] = accepted
+    kwargs = {k: v for k, v in (("tools", tools), ("prompt", prompt)) if k in accepted}
+    return list(parser.parse(text or "", **kwargs))
+
+
+def _takes_tokenizer(factory: Callable[..., Any]) -> bool:
+    try:
+        return "tokenizer" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def check_tool_parser_name(name: Any) -> str:
+    """``name`` when it is ``auto`` or a registered tool parser; else one line naming the choices."""
+    if name == "auto":
+        return name
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"tool_parser must be a parser name or 'auto', got {name!r}")
+    from ..plugins import plugins
+
+    plugins().component("tool_parser", name)
+    return name

@@ -517,16 +517,69 @@ def run_plan(plan: TrainPlan) -> Any:
     if int(getattr(trainer.scheduler_obj, "max_turns", 1) or 1) > 1:  # how the episodes become sequences
         console.print(f"multi-turn  {trainer.multi_turn_note}", markup=False, highlight=False)
     interrupted = False
+    second_interrupt_exits(args.output_dir)  # Ctrl-C stops cleanly; a second one while that waits ends it now
     try:
         trainer.train(resume_from_checkpoint=args.resume_from_checkpoint or None)  # a checked path (build_plan)
     except KeyboardInterrupt:
         interrupted = True
+    except BaseException:
+        restore_interrupts()
+        raise
     if not interrupted and args.save_strategy != "no":
         trainer.save_model(args.output_dir)
     _summary(console, trainer, time.perf_counter() - started, interrupted)
     if interrupted:
-        sys.exit(130)
+        sys.exit(130)  # (the handler stays: a reward thread still running holds the exit up until it returns)
+    restore_interrupts()
     return trainer
+
+
+_INTERRUPTS: dict[str, Any] = {}
+
+
+def second_interrupt_exits(output_dir: str) -> None:
+    """Ctrl-C during ``rlcore train``: the first stops the run as before (KeyboardInterrupt: the
+    summary, the resume hint, exit code 130), which waits for a *sync* reward or environment call
+    that is running — Python cannot stop a thread. A second Ctrl-C ends the process at once with
+    one line and exit code 130: what was written (metrics.jsonl lines, finished checkpoints) stays;
+    a checkpoint cut short is a hidden ``.incomplete-checkpoint-*`` that resume removes.
+
+    Installed only over Python's own handler in the main thread (an ignored SIGINT, an embedding
+    application's handler are left alone); :func:`restore_interrupts` puts that back."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return
+    count = [0]
+
+    def on_interrupt(signum: int, frame: Any) -> None:
+        count[0] += 1
+        if count[0] == 1:
+            _INTERRUPTS["interrupted"] = True
+            sys.stderr.write("interrupted: stopping once the running step's reward or environment calls return — "
+                             "press Ctrl-C again to exit at once\n")
+            sys.stderr.flush()
+            raise KeyboardInterrupt
+        try:
+            hint = resume_hint(output_dir)
+        except Exception:  # noqa: BLE001 - the exit must not wait on a hint
+            hint = f"the checkpoints in {output_dir} are kept"
+        os.write(2, (f"\ninterrupted again: exiting now without waiting (exit code 130); metrics.jsonl and the "
+                     f"checkpoints written so far are kept; resume: {hint}\n").encode("utf-8", "replace"))
+        os._exit(130)
+
+    _INTERRUPTS["previous"] = signal.signal(signal.SIGINT, on_interrupt)
+
+
+def restore_interrupts() -> None:
+    """Python's own Ctrl-C handler again (the run ended without an interrupt)."""
+    import signal
+
+    previous = _INTERRUPTS.pop("previous", None)
+    if previous is not None and not _INTERRUPTS.pop("interrupted", False):
+        signal.signal(signal.SIGINT, previous)
 
 
 def _header(console: Any, plan: TrainPlan) -> None:

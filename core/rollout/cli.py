@@ -208,10 +208,6 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
         from .tool_parsers import check_tool_parser_name
 
         check_tool_parser_name(sched_opts["tool_parser"])
-    if isinstance(sched_opts.get("tool_parser"), str):  # a misspelt --tool-parser is one line before the model loads
-        from .tool_parsers import check_tool_parser_name
-
-        check_tool_parser_name(sched_opts["tool_parser"])
     if env is not None and routed[f"env {env[0]!r}"]:
         sched_opts["env_kwargs"] = {**json_object(sched_opts.get("env_kwargs"), "env_kwargs"), **routed[f"env {env[0]!r}"]}
     reward_objs, weights = _rewards(opts["rewards"], registry, as_reward,

@@ -75,7 +75,16 @@ def components_command(kind: str | None, name: str | None) -> None:
 _BUILTIN_COMMAND_MODULES = ("rlcore.rollout.cli", "rlcore.train_cli", "rlcore.scaffold")
 
 
-def _load_commands() -> None:
+#: what ``rlcore`` answers without loading any plugin (a plugin that takes 30 s to import, or one that
+#: is broken, must not slow or stop ``rlcore --version``)
+_NO_PLUGIN_ARGS = ("--version", "-h", "--help")
+_PLUGIN_COMMANDS_NOTE = ("Installed plugins may add commands (rl-plugin-openenv: rlcore openenv ...); they are not "
+                         "loaded for this help: `rlcore plugins` lists the plugins and their hooks (register_commands), "
+                         "`rlcore COMMAND --help` shows one.")
+
+
+def _load_commands(plugin_commands: bool = True) -> None:
+    """Register the built-in commands, and (``plugin_commands``) those of installed plugins."""
     import importlib
 
     for modname in _BUILTIN_COMMAND_MODULES:
@@ -86,14 +95,25 @@ def _load_commands() -> None:
                 continue
             raise
         mod.register(cli)
-    plugins().register_commands(cli)
+    if plugin_commands:
+        plugins().register_commands(cli)
 
 
 def main(argv: list[str] | None = None) -> Any:
-    """Console-script entry: user errors print one line and exit 2; bugs keep their traceback."""
-    _load_commands()
+    """Console-script entry: user errors print one line and exit 2; bugs keep their traceback.
+    ``rlcore --version`` and ``rlcore --help`` load no plugin (their commands are not listed then)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    with_plugins = not all(a in _NO_PLUGIN_ARGS for a in args)
     try:
-        return cli.main(args=argv, standalone_mode=False)
+        _load_commands(plugin_commands=with_plugins)
+    except KeyboardInterrupt:  # a Ctrl-C while plugins load (a slow one): stop, as at any other moment
+        click.echo("Aborted.", err=True)
+        sys.exit(130)
+    epilog = cli.epilog
+    if not with_plugins:
+        cli.epilog = _PLUGIN_COMMANDS_NOTE
+    try:
+        return cli.main(args=args, standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(130)
@@ -105,6 +125,8 @@ def main(argv: list[str] | None = None) -> Any:
             click.echo(user_traceback(exc.__cause__), err=True)  # the message points at it: where the reward broke
         click.echo(f"Error: {exc}", err=True)
         sys.exit(2)
+    finally:
+        cli.epilog = epilog
 
 
 def user_traceback(exc: BaseException) -> str:

@@ -3,7 +3,10 @@
 Built-in plugins are ordinary modules registered exactly like third-party ones; third-party plugins
 come from the ``rlcore`` entry-point group. ``RLCORE_PLUGINS=dist1,dist2`` limits which installed
 distributions load (empty: built-ins only; unset: all). A plugin that fails to import is recorded
-with a one-line error and never takes the others down.
+with a one-line error and never takes the others down — whatever it raises: ``sys.exit()`` at import
+(``SystemExit``) and a ``KeyboardInterrupt`` the plugin raises itself are its error too. A real
+Ctrl-C (SIGINT) while plugins load still stops the command. A factory that is not callable (or a
+``"module:attr"`` string) is refused when it is registered.
 
 Two packages registering the same name (an ms-swift port registering ``gym_scheduler`` next to
 rl-plugin-gym): the first to register keeps the plain name — built-ins first, then distributions in
@@ -60,15 +63,20 @@ class Component:
     def resolve(self) -> Callable[..., Any]:
         if isinstance(self.factory, str):
             modname, _, attr = self.factory.partition(":")
-            try:
-                obj: Any = importlib.import_module(modname)
-                for part in attr.split("."):
-                    obj = getattr(obj, part)
-            except Exception as exc:  # noqa: BLE001 - becomes a one-line user error
-                raise PluginError(
-                    f"{self.kind} {self.name!r} from {self.dist} failed to load ({self.factory}): "
-                    f"{type(exc).__name__}: {exc}"
-                ) from exc
+            with _Interrupts() as interrupts:
+                try:
+                    obj: Any = importlib.import_module(modname)
+                    for part in attr.split("."):
+                        obj = getattr(obj, part)
+                except BaseException as exc:  # noqa: BLE001 - becomes a one-line user error (sys.exit() too)
+                    if not interrupts.plugin_raised(exc):
+                        raise
+                    raise PluginError(
+                        f"{self.kind} {self.name!r} from {self.dist} failed to load ({self.factory}): {_load_error(exc)}"
+                    ) from exc
+            if not callable(obj):
+                raise PluginError(f"{self.kind} {self.name!r} from {self.dist} is {self.factory}, which is "
+                                  f"{_shown(obj)}, not a function or class")
             self.factory = obj
         return self.factory
 
@@ -155,12 +163,15 @@ class Plugins:
                     error=f"entry point name {ep.name!r} is already used by {self.records[ep.name].dist}; rename it",
                 )
                 continue
-            try:
-                plugin = ep.load()
-                self.pm.register(plugin, name=ep.name)
-            except Exception as exc:  # noqa: BLE001
-                self.records[ep.name] = PluginRecord(ep.name, dist, version, False, error=_one_line(exc))
-                continue
+            with _Interrupts() as interrupts:
+                try:
+                    plugin = ep.load()
+                    self.pm.register(plugin, name=ep.name)
+                except BaseException as exc:  # noqa: BLE001 - sys.exit() at import is this plugin's error too
+                    if not interrupts.plugin_raised(exc):
+                        raise  # a real Ctrl-C stops the command
+                    self.records[ep.name] = PluginRecord(ep.name, dist, version, False, error=_load_error(exc))
+                    continue
             self.records[ep.name] = PluginRecord(ep.name, dist, version, False, module=plugin)
         self._note_unknown_allowed({_normalize(_ep_dist(ep)) for ep in eps})
 
@@ -188,15 +199,21 @@ class Plugins:
                 rec = self.records.get(impl.plugin_name)
                 if rec is None or rec.error:
                     continue
-                try:
-                    impl.function(register=self._registrar(kind, rec))
-                except Exception as exc:  # noqa: BLE001
-                    rec.error = f"{hook_name} raised {_one_line(exc)}"
+                with _Interrupts() as interrupts:
+                    try:
+                        impl.function(register=self._registrar(kind, rec))
+                    except BaseException as exc:  # noqa: BLE001
+                        if not interrupts.plugin_raised(exc):
+                            raise
+                        rec.error = f"{hook_name} raised {_load_error(exc)}"
 
     def _registrar(self, kind: str, rec: PluginRecord) -> Callable[..., None]:
         def register(name: str, factory: Any, *, aliases: Iterable[str] = (), **meta: Any) -> None:
             if not isinstance(name, str) or not name or ":" in name:
                 raise PluginError(f"{rec.dist} registered a {kind} with an invalid name {name!r}")
+            if not callable(factory) and not (isinstance(factory, str) and re.fullmatch(r"[\w.]+:[\w.]+", factory)):
+                raise PluginError(f"{rec.dist} registered {kind} {name!r} as {_shown(factory)}, which is not callable; "
+                                  "register a function or class (or a 'module:attr' string naming one)")
             comp = Component(kind, name, factory, rec.name, rec.dist, dict(meta))
             rec.components.setdefault(kind, []).append(name)
             taken = self._lookup(kind, name)
@@ -311,10 +328,74 @@ class Plugins:
             rec = self.records.get(impl.plugin_name)
             if rec is None or rec.error:
                 continue
-            try:
-                impl.function(cli=cli)
-            except Exception as exc:  # noqa: BLE001
-                rec.error = f"register_commands raised {_one_line(exc)}"
+            with _Interrupts() as interrupts:
+                try:
+                    impl.function(cli=cli)
+                except BaseException as exc:  # noqa: BLE001
+                    if not interrupts.plugin_raised(exc):
+                        raise
+                    rec.error = f"register_commands raised {_load_error(exc)}"
+
+
+class _Interrupts:
+    """Tells a real Ctrl-C from a plugin's own ``KeyboardInterrupt`` while plugin code runs: in the
+    main thread, SIGINT's handler is wrapped to note that the signal came (and then does what it did).
+
+    Why: a plugin that raises ``KeyboardInterrupt`` (or calls ``sys.exit()``) at import took every
+    command down with a traceback (or its bare message), naming no plugin; but a user's Ctrl-C while
+    a slow plugin imports must still stop the command."""
+
+    def __init__(self) -> None:
+        self.signalled = False
+        self._previous: Any = None
+        self._handler: Any = None
+
+    def __enter__(self) -> "_Interrupts":
+        import signal
+
+        if threading.current_thread() is not threading.main_thread():
+            return self  # signals reach the main thread only: a KeyboardInterrupt here is the plugin's own
+        try:
+            previous = signal.getsignal(signal.SIGINT)
+        except (ValueError, OSError):  # pragma: no cover - no signal support
+            return self
+        if not callable(previous):
+            return self  # SIG_IGN / SIG_DFL: a Ctrl-C raises nothing here
+
+        def on_sigint(signum: int, frame: Any) -> Any:
+            self.signalled = True
+            return previous(signum, frame)
+
+        signal.signal(signal.SIGINT, on_sigint)
+        self._previous, self._handler = previous, on_sigint
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+
+        if self._handler is not None and signal.getsignal(signal.SIGINT) is self._handler:
+            signal.signal(signal.SIGINT, self._previous)  # (a plugin that set its own handler keeps it)
+
+    def plugin_raised(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is the plugin's failure (recorded), not a real Ctrl-C (re-raised)."""
+        return not (isinstance(exc, KeyboardInterrupt) and self.signalled)
+
+
+def _load_error(exc: BaseException) -> str:
+    """The one-line error of a plugin that failed while it loaded, saying so for the exits that are
+    not errors elsewhere (``sys.exit()``, a ``KeyboardInterrupt`` the plugin raised itself)."""
+    if isinstance(exc, SystemExit):
+        said = f"sys.exit({exc.code!r})" if not isinstance(exc.code, str) else f"sys.exit({exc.code[:200]!r})"
+        return f"SystemExit: the plugin called {said} while loading".splitlines()[0]
+    if isinstance(exc, KeyboardInterrupt):
+        return "KeyboardInterrupt: raised by the plugin itself while loading (not a Ctrl-C)"
+    return _one_line(exc)
+
+
+def _shown(obj: Any) -> str:
+    """``42 (int)``: a value and its type, short, for a one-line error."""
+    text = repr(obj)
+    return f"{text if len(text) <= 60 else text[:57] + '...'} ({type(obj).__name__})"
 
 
 def _ep_dist(ep: Any) -> str:

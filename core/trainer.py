@@ -495,6 +495,9 @@ class GRPOTrainer(Trainer):
                                    "rewards": dict(t.rewards), "reward": t.reward,
                                    "advantage": adv if not isinstance(adv, list) else (adv[0] if adv else None),
                                    "status": t.status}
+            if t.has_turn_samples:  # the sequences this episode trains as (docs/chat-templates.md)
+                rec["samples"] = [{"prompt_tokens": len(s.prompt_ids), "completion": "".join(turn.text for turn in s.turns)}
+                                  for s in t.turn_samples()]
             for column, values in self.completion_extras.items():
                 if 0 <= i - extras_from < len(values):
                     rec[column] = values[i - extras_from]

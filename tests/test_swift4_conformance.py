@@ -33,8 +33,10 @@ import attrs
 import pytest
 
 from rlcore import Env, MultiTurnScheduler
+from rlcore.chat_template import set_multi_turn_mode
 from rlcore.rollout import RolloutOutput, build_scheduler, check_batch, encode_prompt, remove_response, run_rollouts
 from rlcore.testing import THINK_DROPPING_TEMPLATE, ScriptedSampler
+from rlcore.testing.multi_turn import RecordingSampler, assert_rows_are_sampler_calls
 from rlcore.types import Completion, Prompt, SamplingParams, Trajectory
 
 PARAMS = SamplingParams(max_tokens=24)
@@ -375,14 +377,22 @@ async def test_own_run_on_a_template_that_drops_thinking(tok: Any) -> None:
     """ms-swift 4.x keeps the history as token ids, so a template that drops earlier ``<think>``
     blocks (Qwen3's) never re-renders them; rlcore holds every trajectory to the template's
     rendering of its final messages, which no longer shows them: the trajectory fails at that turn
-    with the ChatTemplateError reason docs/porting-ms-swift.md gives (one output per round is the
-    shape that works there)."""
+    with the ChatTemplateError reason docs/porting-ms-swift.md gives under ``multi_turn_mode="append"``
+    (one output per round is the shape that works there); under ``auto``, the default, that turn
+    is a sample of its own, its prompt the history as the template renders it."""
     dropping = copy.deepcopy(tok)
     dropping.chat_template = THINK_DROPPING_TEMPLATE
+    set_multi_turn_mode(dropping, "append")
     s = scripted(dropping, ["<think>hmm</think>no", "yes"])
     res = await run_rollouts(AskAgain(s, max_turns=3), questions(dropping, 1), sampling_params=PARAMS, progress=False)
     t = res.trajectories[0]
     assert t.status == "failed" and t.reason.startswith("scheduler AskAgain turn 1: ChatTemplateError"), t.reason
+    set_multi_turn_mode(dropping, "auto")
+    s = RecordingSampler(ScriptedSampler(["<think>hmm</think>no", "yes"], dropping))
+    res = await run_rollouts(AskAgain(s, max_turns=3), questions(dropping, 1), sampling_params=PARAMS, progress=False)
+    t = res.trajectories[0]
+    assert t.status == "ok" and t.has_turn_samples and not check_batch([t], dropping), t.reason
+    assert assert_rows_are_sampler_calls([t], s.records, dropping) == 2
     s = scripted(dropping, ["no", "yes"])  # without thinking in the history the same run is sound
     res = await run_rollouts(AskAgain(s, max_turns=3), questions(dropping, 1), sampling_params=PARAMS, progress=False)
     sound(res.trajectories, dropping, s)

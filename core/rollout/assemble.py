@@ -73,6 +73,11 @@ def output_to_trajectory(
     if not trained:
         raise RolloutOutputError("RolloutOutput has no assistant message the sampler produced (no token ids, no matching sample)")
     prompt_ids, turns = _assemble(tokenizer, messages, trained, tools)
+    if request.has_turn_samples and _contexts_differ(prompt_ids, turns, samples):
+        # the stream started samples of their own (the template rewrites the history: auto or
+        # per_turn) and a round was sampled after other tokens than the single rendering of the
+        # reported messages gives it: each trained message is then a sample, after exactly its input
+        prompt_ids, turns = _per_turn(prompt_ids, trained, samples, tokenizer)
     for turn in turns:  # each trained run keeps the finish reason of the sample it came from
         if any(turn.loss_mask):
             src = _last_sample_of([(turn.token_ids, turn.loss_mask, turn.logprobs)], samples)
@@ -250,6 +255,52 @@ def _assemble(
         ids = tk.encode_text(tokenizer, nxt)
         if ids:
             turns.append(Turn.observation(ids, role=str(messages[i + 1].get("role") or "user") if i + 1 < len(messages) else "context", text=nxt))
+    return prompt_ids, turns
+
+
+def _source(run: list[int], samples: Sequence[Completion]) -> Completion | None:
+    """The recorded sample a trained run of ids came from (its ids start with the run)."""
+    for s in samples:
+        if list(s.token_ids[:len(run)]) == run:
+            return s
+    return None
+
+
+def _contexts_differ(prompt_ids: list[int], turns: list[Turn], samples: Sequence[Completion]) -> bool:
+    """Whether a trained turn of the assembled sequence follows other tokens than its sample was
+    drawn after (the sampler's input, recorded on the sample)."""
+    context = list(prompt_ids)
+    for turn in turns:
+        if any(turn.loss_mask):
+            src = _source(list(turn.token_ids), samples)
+            given = src.meta.get("input_ids") if src is not None else None
+            if given is not None and list(given) != context:
+                return True
+        context += turn.token_ids
+    return False
+
+
+def _per_turn(prompt_ids: list[int], trained: dict[int, list[Segment]], samples: Sequence[Completion],
+              tokenizer: Any) -> tuple[list[int], list[Turn]]:
+    """Each trained assistant message as a sample of its own, its prompt exactly what the sampler
+    was given for its first sampled run (see :meth:`rlcore.types.Turn.restart`)."""
+    turns: list[Turn] = []
+    first = True
+    for i in sorted(trained):
+        segs = trained[i]
+        run = next((list(ids) for ids, mask, _ in segs if any(mask)), None)
+        src = _source(run, samples) if run else None
+        given = src.meta.get("input_ids") if src is not None else None
+        if given is None:
+            raise RolloutOutputError(f"assistant message {i} cannot be a sample of its own: no sampler call of this "
+                                     "request produced its tokens")
+        if first:
+            prompt_ids, first = list(given), False
+        else:
+            turns.append(Turn.restart(list(given), messages=i, text=tk.decode(tokenizer, list(given))))
+        for ids, mask, lps in segs:
+            turns.append(Turn(list(ids), list(mask), list(lps), role="assistant" if any(mask) else "continuation",
+                              text=tk.decode(tokenizer, ids)))
     return prompt_ids, turns
 
 

@@ -327,6 +327,8 @@ class RolloutScheduler(SwiftHelpers):
         if not trajectory.turns:
             trajectory.policy_version = int(getattr(self.sampler, "policy_version", 0) or 0)
         completion = await self.sampler.generate(ids, params)
+        # what the sampler was given: a run override's RolloutOutput is assembled against it
+        completion.meta["input_ids"] = ids
         st.record_sample(trajectory, completion, update_messages=update_messages)
         return completion
 

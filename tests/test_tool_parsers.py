@@ -102,6 +102,27 @@ def test_gptoss_reads_the_harmony_form_the_model_writes() -> None:
     assert parser.parse("<|channel|>commentary<|message|>Checking the weather…<|end|>") == []
 
 
+@pytest.mark.parametrize("reply", [
+    ' to=functions.calculator<|channel|>commentary json<|message|>{"expression": "26 + 9"}<|call|>',
+    '<|channel|>analysis<|message|>Add them.<|end|><|start|>assistant to=functions.calculator<|channel|>commentary json'
+    '<|message|>{"expression": "26 + 9"}<|call|>',
+    "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>35<|return|>",
+    "<|channel|>final<|message|>35<|return|>",
+])
+def test_gptoss_replies_become_messages_its_template_renders_back(tiny_tokenizer: Any, reply: str) -> None:
+    """``message()`` is the structured form the gpt-oss template needs (it renders a tool's answer
+    only after an assistant message with ``tool_calls``): rendered, it gives back the reply."""
+    tok = with_template(tiny_tokenizer, "gptoss")
+    user = [{"role": "user", "content": "26 + 9?"}]
+    gen = tok.apply_chat_template(user, tools=[WEATHER], tokenize=False, add_generation_prompt=True)
+    message = make_tool_parser("gptoss").message(reply)
+    assert tok.apply_chat_template(user + [message], tools=[WEATHER], tokenize=False) == gen + reply
+    with_answer = user + [message, {"role": "tool", "content": "35"}]
+    if "tool_calls" in message:
+        assert tok.apply_chat_template(with_answer, tools=[WEATHER], tokenize=False).endswith(
+            '<|start|>functions.calculator to=assistant<|channel|>commentary<|message|>"35"<|end|>')
+
+
 def test_llama3_json_answers_are_not_calls() -> None:
     parser = make_tool_parser("llama3")  # the alias
     assert parser.name == "llama3_json"
@@ -163,16 +184,22 @@ def _scripted(tok: Any, *texts: str, eos: bool = True) -> ScriptedSampler:
     return ScriptedSampler(list(texts), tok, append_eos=eos)
 
 
-@pytest.mark.parametrize("template, call", [
-    ("qwen3_5_nothink", "<tool_call>\n<function=calculator>\n<parameter=expression>\n26 + 9\n</parameter>\n</function>\n</tool_call>"),
-    ("llama3_1", '{"name": "calculator", "parameters": {"expression": "26 + 9"}}'),
-    ("llama3_2", '{"name": "calculator", "parameters": {"expression": "26 + 9"}}'),
-    ("qwen3_instruct_2507", '<tool_call>\n{"name": "calculator", "arguments": {"expression": "26 + 9"}}\n</tool_call>'),
+XML_CALL = "<tool_call>\n<function=calculator>\n<parameter=expression>\n26 + 9\n</parameter>\n</function>\n</tool_call>"
+LLAMA_CALL = '{"name": "calculator", "parameters": {"expression": "26 + 9"}}'
+
+
+@pytest.mark.parametrize("template, call, think", [
+    ("qwen3_5_nothink", XML_CALL, ""),
+    ("qwen3_5_think", XML_CALL, "The user wants 26 + 9: use the calculator.\n</think>\n\n"),  # the seeds' template
+    ("qwen3_6", XML_CALL, "Use the tool.\n</think>\n\n"),
+    ("llama3_1", LLAMA_CALL, ""),
+    ("llama3_2", LLAMA_CALL, ""),
+    ("qwen3_instruct_2507", '<tool_call>\n{"name": "calculator", "arguments": {"expression": "26 + 9"}}\n</tool_call>', ""),
 ])
 async def test_a_family_format_call_runs_and_its_answer_is_in_the_next_turn(tiny_tokenizer: Any, template: str,
-                                                                            call: str) -> None:
+                                                                            call: str, think: str) -> None:
     tok = with_template(tiny_tokenizer, template)
-    sampler = _scripted(tok, call, "35")
+    sampler = _scripted(tok, think + call, ("It is 35.\n</think>\n\n" if think else "") + "35")
     sched = ToolScheduler(sampler, max_turns=4)  # tool_parser: auto
     prompts = load_prompts([{"question": "What is 26 + 9?"}], tok, tools=sched.tools)
     res = await run_rollouts(sched, prompts, sampling_params=SamplingParams(max_tokens=80), progress=False)

@@ -302,8 +302,36 @@ class GptOssToolParser(ToolParser):
 
     def parse(self, text: str, *, tools: Sequence[dict[str, Any]] | None = None,
               prompt: str | None = None) -> list[ToolCall]:
-        text = text or ""
         calls = []
+        for header, body in self._messages(text or ""):
+            call = self._message(header, body)
+            if call is not None:
+                calls.append(call)
+        return calls
+
+    def message(self, text: str) -> dict[str, Any]:
+        """The reply as the assistant message gpt-oss's template renders back: the ``analysis``
+        bodies as ``thinking``, the ``final`` body as ``content``, each call as ``tool_calls``
+        (OpenAI shape). The template writes a tool's answer only after such a message."""
+        thinking: list[str] = []
+        content: list[str] = []
+        for header, body in self._messages(text or ""):
+            if "to=" in header:
+                continue
+            channel = header.partition("<|channel|>")[2].strip().split(" ")[0] if "<|channel|>" in header else ""
+            (thinking if channel == "analysis" else content).append(body)
+        calls = [c for c in self.parse(text) if c.error is None]
+        out: dict[str, Any] = {"role": "assistant", "content": "".join(content)}
+        if thinking:
+            out["thinking"] = "".join(thinking)
+        if calls:
+            out["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+        return out
+
+    @staticmethod
+    def _messages(text: str) -> list[tuple[str, str]]:
+        """``(header, body)`` of each harmony message in ``text``, in order (one marker scan)."""
+        out = []
         header_start = 0
         body_start: int | None = None
         header = ""
@@ -317,16 +345,12 @@ class GptOssToolParser(ToolParser):
                     header_start = m.end()  # a header without a body: the next one starts here
                 continue
             if kind in _TERMINATORS or kind == "start":
-                call = self._message(header, text[body_start:m.start()])
-                if call is not None:
-                    calls.append(call)
+                out.append((header, text[body_start:m.start()]))
                 body_start = None
                 header_start = m.end()
         if body_start is not None:
-            call = self._message(header, text[body_start:])
-            if call is not None:
-                calls.append(call)
-        return calls
+            out.append((header, text[body_start:]))
+        return out
 
     @staticmethod
     def _message(header: str, body: str) -> ToolCall | None:

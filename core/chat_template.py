@@ -155,8 +155,10 @@ _PROBE_ASKS = ("Pick a number from 1 to 9.", "Higher.", "Lower.")
 _PROBE_REPLIES = (("A middle guess.", "5"), ("Between 6 and 9.", "7"))
 
 
-def _probe_reply(opener: str, reasoning: str, answer: str) -> str:
-    """What a thinking model samples after a generation prompt ending in ``opener``."""
+def _probe_reply(form: str, opener: str, reasoning: str, answer: str) -> str:
+    """What a thinking model samples after a generation prompt ending in ``opener``, in ``form``."""
+    if form in _READERS:
+        return _READERS[form][1].format(reasoning=reasoning, answer=answer)
     if "</think>" in opener:
         return answer
     if opener:
@@ -169,11 +171,11 @@ def probe_appends(tokenizer: Any, tools: list[dict[str, Any]] | None = None) -> 
     generation prompt and recorded as :func:`assistant_message` records it, then the next user
     message appended): ``None`` when every turn appends exactly, else the first turn's reason."""
     try:
-        opener = assistant_form(tokenizer, tools)[1]
+        form, opener = assistant_form(tokenizer, tools)
         msgs: list[dict[str, Any]] = [{"role": "user", "content": _PROBE_ASKS[0]}]
         head = render(tokenizer, msgs, add_generation_prompt=True, tools=tools)
         for (reasoning, answer), ask in zip(_PROBE_REPLIES, _PROBE_ASKS[1:]):
-            sampled = _probe_reply(opener, reasoning, answer)
+            sampled = _probe_reply(form, opener, reasoning, answer)
             synced = msgs + [assistant_message(tokenizer, sampled, tools)]
             new = [{"role": "user", "content": ask}]
             after = render(tokenizer, synced + new, add_generation_prompt=True, tools=tools)
@@ -453,6 +455,21 @@ def _split_reasoning(text: str) -> dict[str, str] | None:
     return {"reasoning_content": reasoning.split("<think>", 1)[-1].strip("\n"), "content": answer.lstrip("\n")}
 
 
+#: reply forms beyond the built-in ones: name -> (reader, probe reply). A reader turns a reply's text
+#: into the assistant message a family's template renders back (gpt-oss's channels: see
+#: :mod:`rlcore.rollout.tool_parsers`, which registers ``harmony``); the probe is a reply in that
+#: format with ``{reasoning}`` and ``{answer}`` to fill in
+_READERS: dict[str, tuple[Any, str]] = {}
+
+
+def register_reply_form(name: str, reader: Any, probe: str) -> None:
+    """Offer ``reader`` (reply text -> assistant message dict) as a way to record replies, for
+    templates under which a reply shaped like ``probe`` renders back exactly that way."""
+    _READERS[str(name)] = (reader, str(probe))
+    for cache in list(_FORMS.values()):
+        cache.clear()
+
+
 def assistant_form(tokenizer: Any, tools: list[dict[str, Any]] | None = None) -> tuple[str, str]:
     """How a sampled reply is recorded as an assistant message so that the template renders it back
     as the generation prompt followed by exactly the sampled text: ``(form, opener)``.
@@ -487,9 +504,19 @@ def assistant_form(tokenizer: Any, tools: list[dict[str, Any]] | None = None) ->
         split = _split_reasoning(opener + sampled)
         if split is not None:
             candidates.append(("reasoning", split))
-        for form, fields in candidates:
-            closed = render(tokenizer, probe + [{"role": "assistant", **fields}], tools=tools)
-            if closed.startswith(gen + sampled):
+        checks = [(form, fields, sampled) for form, fields in candidates]
+        for name, (reader, reply) in _READERS.items():
+            try:
+                text = reply.format(reasoning="w", answer="y")
+                checks.append((name, {k: v for k, v in reader(text).items() if k != "role"}, text))
+            except Exception:  # noqa: BLE001 - a reader that cannot read its own probe offers nothing
+                continue
+        for form, fields, reply in checks:
+            try:
+                closed = render(tokenizer, probe + [{"role": "assistant", **fields}], tools=tools)
+            except ChatTemplateError:
+                continue
+            if closed.startswith(gen + reply):
                 found = (form, opener)
                 break
     except ChatTemplateError:
@@ -502,6 +529,8 @@ def assistant_message(tokenizer: Any, sampled: str, tools: list[dict[str, Any]] 
     """The assistant message a reply sampled as ``sampled`` (after the generation prompt) stands
     for, in the shape the template renders back token-exactly (:func:`assistant_form`)."""
     form, opener = assistant_form(tokenizer, tools)
+    if form in _READERS:
+        return {**_READERS[form][0](sampled), "role": "assistant"}
     if form == "reasoning":
         split = _split_reasoning(opener + sampled)
         if split is not None:

@@ -57,10 +57,10 @@ EXPECTED = {
 }
 #: image-text templates: their messages are lists of content blocks, not text
 MULTIMODAL = {"idefics3", "llava_next", "smolvlm", "lfm2_2_5_vl"}
-#: channel formats (harmony): a reply is a run of channel messages that must be parsed into the
-#: message's fields before the template can render it back; rlcore records the reply's text, so
-#: these fail at turn 2, loudly, with the template's reason (not yet supported: docs/chat-templates.md)
-CHANNELS = {"gptoss", "muse_glimmer"}
+#: a channel format rlcore has no reader for (gpt-oss's harmony has one, ``harmony``): a reply is a run
+#: of channel messages that must be parsed into the message's fields before the template can render
+#: it back, so these fail at turn 2, loudly, with the reason (not yet supported: docs/chat-templates.md)
+CHANNELS = {"muse_glimmer"}
 
 
 class AskAgain(MultiTurnScheduler):
@@ -88,10 +88,12 @@ def _thinking(tok: Any) -> ScriptedSampler:
         text = f"<think>\n{reasoning}\n</think>\n\n{answer}"
         user = [{"role": "user", "content": "q"}]
         head = tok.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
-        full = tok.apply_chat_template(user + [{"role": "assistant", "content": text}], tokenize=False)
-        body = full[len(head):] if full.startswith(head) else ""
-        if reasoning in body and body.endswith(closing):
-            return body[:len(body) - len(closing)]
+        for shape in ({"thinking": reasoning, "content": answer}, {"reasoning_content": reasoning, "content": answer},
+                      {"content": text}):
+            full = tok.apply_chat_template(user + [{"role": "assistant", **shape}], tokenize=False)
+            body = full[len(head):] if full.startswith(head) else ""
+            if reasoning in body and body.endswith(closing):
+                return body[:len(body) - len(closing)]
         if given.rstrip().endswith("<think>"):  # the generation prompt opened the block itself
             return text[len("<think>\n"):] if given.endswith("\n") else text[len("<think>"):]
         return text

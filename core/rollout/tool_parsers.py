@@ -36,6 +36,7 @@ from typing import Any, Callable, Sequence
 
 import attrs
 
+from ..chat_template import register_reply_form
 from ..errors import ConfigError
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
@@ -380,6 +381,13 @@ class GptOssToolParser(ToolParser):
 
 
 # --- response_schema (transformers' parse_response) --------------------------------------------------
+# gpt-oss replies are runs of channel messages: recorded as the structured message its template
+# renders back (rlcore.chat_template.assistant_form picks this where that holds)
+register_reply_form(
+    "harmony", lambda text: GptOssToolParser().message(text),
+    "<|channel|>analysis<|message|>{reasoning}<|end|><|start|>assistant<|channel|>final<|message|>{answer}")
+
+
 class ResponseSchemaToolParser(ToolParser):
     """transformers' ``tokenizer.parse_response`` with the tokenizer's own response template (or
     legacy ``response_schema``), else the one TRL's ``add_response_schema`` knows for its chat

@@ -9,7 +9,12 @@ server that rlcore uses, in vLLM's response format:
   text; ``n``, ``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``seed``, ``stop``,
   ``stop_token_ids``, ``min_tokens``, ``repetition_penalty``, ``logprobs``,
   ``return_tokens_as_token_ids`` (tokens come back as ``"token_id:123"``).
-- ``GET /v1/models``, ``GET /health``.
+- ``POST /v1/chat/completions`` — ``messages`` rendered with the sampler's tokenizer chat template
+  (``add_generation_prompt``); ``n``, ``max_tokens`` (or ``max_completion_tokens``), ``temperature``,
+  ``top_p``, ``seed``, ``stop``; the reply in OpenAI's ``chat.completion`` shape (what a client of
+  a chat endpoint reads: ``choices[i].message.content``, ``finish_reason``, ``usage``). Served
+  with a :class:`~rlcore.testing.ScriptedSampler`, it answers with scripted text (an LLM judge's
+  verdicts in rl-plugin-judge's tests).
 - ``GET /v1/models``, ``GET /health``, ``GET /version``.
 - vLLM's dev-mode control endpoints (``VLLM_SERVER_DEV_MODE=1``): ``POST /collective_rpc``,
   ``/reset_prefix_cache``, ``/sleep``, ``/wake_up``, ``GET /is_sleeping``, ``GET /server_info``. The
@@ -34,7 +39,8 @@ from that version's ``vllm/entrypoints/openai/api_server.py`` / ``entrypoints/se
   (:func:`check_vllm_weight_names`).
 
 Fault injection for tests: append HTTP status codes to ``server.faults`` and the next
-``/v1/completions`` requests answer with them (one each) before normal service resumes.
+``/v1/completions`` or ``/v1/chat/completions`` requests answer with them (one each) before normal
+service resumes. ``server.peak_running`` is the most requests that were generating at once.
 """
 
 # no `from __future__ import annotations`: FastAPI resolves the endpoint annotations (Request) at runtime
@@ -145,6 +151,7 @@ def build_app(server: "OpenAICompatServer") -> Any:
                 return _error(503, "request waited for a sleeping engine", "ServiceUnavailableError")
         token = object()
         server.running.add(token)
+        server.peak_running = max(server.peak_running, len(server.running))
         try:
             outs = await asyncio.gather(*(
                 sampler.generate(p, params.replace(seed=None if seed is None else int(seed) + i))
@@ -198,6 +205,52 @@ def build_app(server: "OpenAICompatServer") -> Any:
             "model": server.model_name, "choices": choices,
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                       "total_tokens": prompt_tokens + completion_tokens},
+        }
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        body = await request.json()
+        server.requests.append(body)
+        if server.faults:
+            status = server.faults.pop(0)
+            return _error(status, f"injected fault {status}", "ServiceUnavailableError")
+        if body.get("model") not in (None, server.model_name):
+            return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) and "role" in m for m in messages):
+            return _error(400, "messages must be a non-empty list of {role, content} objects")
+        text = sampler.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        prompt_ids = sampler.tokenizer.encode(text, add_special_tokens=False)
+        n = int(body.get("n") or 1)
+        seed = body.get("seed")
+        stop = body.get("stop") or []
+        params = SamplingParams(
+            max_tokens=int(body.get("max_completion_tokens") or body.get("max_tokens") or 16),
+            temperature=float(body["temperature"] if body.get("temperature") is not None else 1.0),
+            top_p=float(body["top_p"] if body.get("top_p") is not None else 1.0),
+            stop=[stop] if isinstance(stop, str) else list(stop),
+        )
+        from ..errors import SamplerError
+
+        token = object()
+        server.running.add(token)
+        server.peak_running = max(server.peak_running, len(server.running))
+        try:
+            outs = await asyncio.gather(*(
+                sampler.generate(prompt_ids, params.replace(seed=None if seed is None else int(seed) + i)) for i in range(n)
+            ))
+        except SamplerError as exc:
+            return _error(400, str(exc))
+        finally:
+            server.running.discard(token)
+        completion_tokens = sum(len(c.token_ids) for c in outs)
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": server.model_name,
+            "choices": [{"index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": None,
+                         "finish_reason": c.finish_reason} for i, c in enumerate(outs)],
+            "usage": {"prompt_tokens": len(prompt_ids) * n, "completion_tokens": completion_tokens,
+                      "total_tokens": len(prompt_ids) * n + completion_tokens},
         }
 
     def dev_only() -> Any:
@@ -322,6 +375,7 @@ class OpenAICompatServer:
         self.busy = False  # True: another client's requests hold KV blocks
         self.kv_transfers_in_flight = False  # True: blocks held by KV offload transfers (reset fails regardless)
         self.running: set[Any] = set()
+        self.peak_running = 0  # the most requests generating at once (a client's concurrency cap, seen here)
         self.aborted: set[Any] = set()
         self.sleeping: set[str] = set()
         self.sleep_calls: list[dict[str, Any]] = []

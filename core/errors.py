@@ -56,3 +56,8 @@ class RunFailedError(RlcoreError):
 
 class RewardFunctionError(RlcoreError):
     """A reward function raised on every sample of a batch: the run would train on nothing."""
+
+
+class StorageError(RlcoreError):
+    """Writing the run's output failed for want of room: the disk is full, a quota or a file size
+    limit (``ulimit -f``) was reached. The message names the file and the room left."""

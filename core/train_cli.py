@@ -315,8 +315,14 @@ def build_plan(argv: Sequence[str]) -> TrainPlan:
         flags = (f"--{key}", f"--{key.replace('_', '-')}")
         return key in file_values or any(a.split("=")[0] in flags for a in rest)
 
-    # before anything loads or is written: a resume names a checkpoint that exists and is this run's
-    resume = ckpt.resolve_resume(values.get("resume_from_checkpoint"), str(values["output_dir"]))
+    # before anything loads or is written: a resume names a checkpoint that exists, is intact and is this run's
+    # (and no other live run, nor a symbolic link, is in the directory it continues)
+    asked = values.get("resume_from_checkpoint")
+    if asked not in (None, False) and str(asked).strip().lower() not in ckpt.RESUME_NONE:
+        ckpt.check_not_in_use(str(values["output_dir"]))
+        ckpt.check_no_links(str(values["output_dir"]))
+    resume = ckpt.resolve_resume(values.get("resume_from_checkpoint"), str(values["output_dir"]),
+                                 str(values.get("resume_without_optimizer_state")).lower() in ("true", "1", "yes"))
     values["resume_from_checkpoint"] = resume
     save_named = [k for k in ("save_steps", "save_total_limit", "save_only_model") if named(k)]
     if str(getattr(values.get("save_strategy"), "value", values.get("save_strategy"))).lower() == "no" \
@@ -338,6 +344,8 @@ def build_plan(argv: Sequence[str]) -> TrainPlan:
     if not args.resume_from_checkpoint:  # before the model loads: never train into another run's directory
         if not named("output_dir") and not args.overwrite_output_dir:
             args.output_dir = ckpt.next_free_dir(args.output_dir)  # the default dir is taken: rlcore-output/digits-2 …
+        ckpt.check_not_in_use(args.output_dir)  # --overwrite_output_dir never deletes a live run's files
+        ckpt.check_no_links(args.output_dir)
         ckpt.check_fresh_output_dir(args.output_dir, args.overwrite_output_dir)
     component_options = _plugin_options(args, leftover, plugin_from_file)
     if embedded is not None and embedded.scheduler_options:
@@ -511,7 +519,10 @@ def run_plan(plan: TrainPlan) -> Any:
     hf_logging.disable_progress_bar()
     from .trainer import GRPOTrainer
 
+    from .training.checkpoint import acquire_run_lock, release_run_lock
+
     started = time.perf_counter()
+    acquire_run_lock(args.output_dir)  # one live run per directory, through training and the final save
     trainer = GRPOTrainer(plan.model, args=args, train_dataset=plan.rows, prompt_column=plan.prompt_column,
                           system_prompt=plan.system_prompt)
     if int(getattr(trainer.scheduler_obj, "max_turns", 1) or 1) > 1:  # how the episodes become sequences
@@ -527,6 +538,7 @@ def run_plan(plan: TrainPlan) -> Any:
         raise
     if not interrupted and args.save_strategy != "no":
         trainer.save_model(args.output_dir)
+    release_run_lock(args.output_dir)  # (an error above leaves it to the process's end, which follows)
     _summary(console, trainer, time.perf_counter() - started, interrupted)
     if interrupted:
         sys.exit(130)  # (the handler stays: a reward thread still running holds the exit up until it returns)

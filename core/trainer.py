@@ -166,6 +166,8 @@ class GRPOTrainer(Trainer):
         if not isinstance(args, GRPOConfig):
             raise ConfigError(f"args must be a GRPOConfig, got {type(args).__name__}")
         check_values(args)
+        if args.should_save:  # another live run in output_dir: one line before the model loads (train() locks it)
+            ckpt.check_not_in_use(args.output_dir)
         sampling_params(args)  # generation_kwargs are checked before the model loads
         if reward_funcs is not None and not isinstance(reward_funcs, (list, tuple)):
             reward_funcs = [reward_funcs]
@@ -706,16 +708,27 @@ class GRPOTrainer(Trainer):
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> Any:
         """``Trainer.train`` plus rlcore's state on resume, plots at the end and on Ctrl-C."""
         path = None
+        if self.args.should_save:  # nothing written while another run lives there, nothing through a link
+            ckpt.check_not_in_use(self.args.output_dir)
+            ckpt.check_no_links(self.args.output_dir)
         if resume_from_checkpoint:
-            ckpt.clean_incomplete(self.args.output_dir)
-            # a missing or foreign checkpoint is one line here, before anything is written
-            path = ckpt.resolve_resume(resume_from_checkpoint, self.args.output_dir)
-            self._load_rlcore_state(path)
-        elif self.args.should_save:  # a fresh run never writes into another run's directory (the main process checks)
-            ckpt.check_fresh_output_dir(self.args.output_dir, self.args.overwrite_output_dir)
-            ckpt.clear_previous_run(self.args.output_dir)
-            self.run_id = ckpt.new_run_id()
-            ckpt.write_run_id(self.args.output_dir, self.run_id)
+            # a missing, foreign or damaged checkpoint is one line here, before anything is written
+            path = ckpt.resolve_resume(resume_from_checkpoint, self.args.output_dir,
+                                       self.args.resume_without_optimizer_state)
+        if self.args.should_save:  # one live run per directory: held until train() returns (or the process ends)
+            ckpt.acquire_run_lock(self.args.output_dir)
+        try:
+            if resume_from_checkpoint:
+                ckpt.clean_incomplete(self.args.output_dir)
+                self._load_rlcore_state(path)
+            elif self.args.should_save:  # a fresh run never writes into another run's directory (the main process checks)
+                ckpt.check_fresh_output_dir(self.args.output_dir, self.args.overwrite_output_dir)
+                ckpt.clear_previous_run(self.args.output_dir)
+                self.run_id = ckpt.new_run_id()
+                ckpt.write_run_id(self.args.output_dir, self.run_id)
+        except BaseException:
+            self._release_run_lock()
+            raise
         self._train_start = time.perf_counter()
         try:
             return super().train(resume_from_checkpoint=path, **kwargs)
@@ -724,6 +737,11 @@ class GRPOTrainer(Trainer):
                 self.progress_callback.stop()
             if self.args.plots and self.args.should_save:
                 self._write_plots()
+            self._release_run_lock()
+
+    def _release_run_lock(self) -> None:
+        if self.args.should_save:
+            ckpt.release_run_lock(self.args.output_dir)
 
     def _write_plots(self) -> None:
         """The PNG plots, a courtesy: a failure to draw or write them is one warning line, never an
@@ -772,26 +790,27 @@ class GRPOTrainer(Trainer):
         """Write the checkpoint in a hidden temp dir, add rlcore's state, then rename it into place."""
         run_dir = self._get_output_dir(trial=trial)
         folder = f"checkpoint-{self.state.global_step}"
-        tmp = ckpt.temp_run_dir(run_dir, self.state.global_step)
-        original = self._get_output_dir
-        self._get_output_dir = lambda trial=None: tmp  # type: ignore[method-assign]
-        try:
-            super()._save_checkpoint(model, trial)
-        finally:
-            self._get_output_dir = original  # type: ignore[method-assign]
-        state = {
-            "global_step": self.state.global_step,
-            "cursor": self.cursor.state_dict(),
-            "generations": self._generations,
-            "gen_metrics": self._gen_metrics,
-            "run_id": getattr(self, "run_id", None),
-            "sampler_rng": self.sampler.rng_state() if hasattr(self.sampler, "rng_state") else None,
-            # TRL's entropy_ctrl_state.json: the adaptive coefficient and the last measured entropy
-            "entropy_control": self.entropy_bonus.state_dict() if self.entropy_bonus is not None and self.entropy_bonus.adaptive else None,
-        }
-        buffer = [dict(mb, batch=mb["batch"].to("cpu")) for mb in self._buffer]
-        ckpt.write_state(os.path.join(tmp, folder), state, buffer)
-        final = ckpt.publish(tmp, run_dir, folder)
+        # a failed save removes its partial checkpoint; no room to write it is one line (StorageError)
+        with ckpt.saving(run_dir, self.state.global_step) as tmp:
+            original = self._get_output_dir
+            self._get_output_dir = lambda trial=None: tmp  # type: ignore[method-assign]
+            try:
+                super()._save_checkpoint(model, trial)
+            finally:
+                self._get_output_dir = original  # type: ignore[method-assign]
+            state = {
+                "global_step": self.state.global_step,
+                "cursor": self.cursor.state_dict(),
+                "generations": self._generations,
+                "gen_metrics": self._gen_metrics,
+                "run_id": getattr(self, "run_id", None),
+                "sampler_rng": self.sampler.rng_state() if hasattr(self.sampler, "rng_state") else None,
+                # TRL's entropy_ctrl_state.json: the adaptive coefficient and the last measured entropy
+                "entropy_control": self.entropy_bonus.state_dict() if self.entropy_bonus is not None and self.entropy_bonus.adaptive else None,
+            }
+            buffer = [dict(mb, batch=mb["batch"].to("cpu")) for mb in self._buffer]
+            ckpt.write_state(os.path.join(tmp, folder), state, buffer)
+            final = ckpt.publish(tmp, run_dir, folder)
         if self.state.best_model_checkpoint and os.path.basename(self.state.best_model_checkpoint) == folder:
             self.state.best_model_checkpoint = final
         if self.args.should_save:

@@ -119,6 +119,7 @@ class GRPOConfig(TrainingArguments):
     gigpo_step_weight: float | None = field(default=None, metadata={"help": "Deprecated: advantage_options={'step_weight': …} (GiGPO's step-level weight, default 1.0)."})
     logprob_chunk_size: int = field(default=1024, metadata={"help": "Positions per lm_head chunk when computing logprobs."})
     overwrite_output_dir: bool = field(default=False, metadata={"help": "A fresh run may replace the run already in output_dir (its checkpoints, metrics, plots are deleted)."})
+    resume_without_optimizer_state: bool = field(default=False, metadata={"help": "Resume from a checkpoint that has no optimizer, LR-scheduler or RNG state (optimizer.pt, scheduler.pt, rng_state.pth; e.g. save_only_model): the optimizer, the LR schedule and the RNG start afresh. Without it such a resume is refused."})
     failure_threshold: float = field(default=0.5, metadata={"help": "Stop the run when more than this share of trajectories fails for failure_patience generation steps in a row (1 disables)."})
     failure_patience: int = field(default=3, metadata={"help": "Consecutive bad generation steps (failed share over failure_threshold, a reward raising on every sample, or no reward scoring any trajectory) before the run stops."})
     plots: bool = field(default=True, metadata={"help": "Write reward/length PNGs to OUTPUT_DIR/plots at the end."})

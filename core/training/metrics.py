@@ -4,6 +4,7 @@ logged step to ``OUTPUT_DIR/metrics.jsonl`` so runs can be compared without any 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -160,14 +161,34 @@ def append_jsonl(output_dir: str, record: dict[str, Any]) -> None:
     path = os.path.join(output_dir, METRICS_FILE)
     repair_jsonl(path)
     data = (strict_json(record) + "\n").encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:  # O_NOFOLLOW: never through a symbolic link (that would append to a file outside the run)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        _refuse_or_raise(path, output_dir, exc)
+        raise
+    start = os.fstat(fd).st_size
     try:
         written = os.write(fd, data)
         while written < len(data):  # a short write (disk full, signal): finish the line
             written += os.write(fd, data[written:])
         os.fsync(fd)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, start)  # no torn line left behind: the file keeps its whole lines
+        _refuse_or_raise(path, output_dir, exc)
+        raise
     finally:
         os.close(fd)
+
+
+def _refuse_or_raise(path: str, output_dir: str, exc: OSError) -> None:
+    """A link where ``metrics.jsonl`` goes, or no room to write it: one line (raised here)."""
+    from .checkpoint import link_error, out_of_space, storage_error
+
+    if os.path.islink(path):
+        raise link_error(path) from None
+    if out_of_space(exc):
+        raise storage_error(path, output_dir, exc) from exc
 
 
 def _finite_or_none(value: Any) -> Any:
@@ -188,13 +209,17 @@ def strict_json(record: Any) -> str:
 
 def repair_jsonl(path: str) -> bool:
     """Cut a torn last line (no newline at the end: the process died mid-append). Returns whether
-    anything was cut. Whole lines are never touched."""
+    anything was cut. Whole lines are never touched, nor is a file behind a symbolic link."""
     try:
         size = os.path.getsize(path)
     except OSError:
         return False
     if size == 0:
         return False
+    if os.path.islink(path):
+        from .checkpoint import link_error
+
+        raise link_error(path)
     with open(path, "rb+") as f:
         f.seek(size - 1)
         if f.read(1) == b"\n":
@@ -240,8 +265,12 @@ def read_jsonl(output_dir: str, repair: bool = False) -> list[dict[str, Any]]:
 def truncate_jsonl(output_dir: str, max_step: int) -> None:
     """On resume, drop lines logged after the checkpoint's step (they will be logged again) and a
     torn tail. Rewritten through a temporary file, so a crash here cannot lose the history."""
-    rows = [r for r in read_jsonl(output_dir, repair=True) if int(r.get("step", 0) or 0) <= max_step]
     path = os.path.join(output_dir, METRICS_FILE)
+    if os.path.islink(path):
+        from .checkpoint import link_error
+
+        raise link_error(path)
+    rows = [r for r in read_jsonl(output_dir, repair=True) if int(r.get("step", 0) or 0) <= max_step]
     if os.path.exists(path):
         tmp = path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:

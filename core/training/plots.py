@@ -9,6 +9,7 @@ turn (the episode's mean over its turns) against the per-turn cap."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -87,8 +88,16 @@ def write_plots(output_dir: str, max_completion_length: int | None = None) -> li
             ax.text(0.5, 0.5, "no values logged", ha="center", va="center", transform=ax.transAxes, color="gray")
         fig.tight_layout()
         path = os.path.join(out_dir, name)
-        fig.savefig(path)
-        plt.close(fig)
+        tmp = os.path.join(out_dir, f".{name}.{os.getpid()}.tmp")
+        try:  # written whole, then renamed: a full disk leaves no 0-byte or cut PNG behind
+            fig.savefig(tmp, format="png")
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            raise
+        finally:
+            plt.close(fig)
         return path
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)

@@ -28,7 +28,7 @@ from typing import Any
 import attrs
 from rlcore.errors import EnvError
 
-from .limiter import SessionLimiter, ws_url
+from .limiter import SessionLimiter, check_server_url, ws_url
 
 #: server error codes after which the session is still usable (the request itself was bad)
 REQUEST_ERRORS = ("VALIDATION_ERROR", "EXECUTION_ERROR", "INVALID_JSON", "UNKNOWN_TYPE")
@@ -136,6 +136,7 @@ class OpenEnvSession:
         """Open a fresh session (closing any previous one) and reset it with ``kwargs``."""
         if self._ws is not None:
             await self.close()
+        check_server_url(self.base_url, "OpenEnv server URL")  # file://, port 99999: one line, not retries
         opt = self.options
         last = "no attempt made"
         for attempt in range(opt.max_retries + 1):
@@ -194,12 +195,10 @@ class OpenEnvSession:
             raise EnvError(f"OpenEnv server {self.base_url}: {exc}") from None
 
     async def _open_and_reset(self, kwargs: dict[str, Any]) -> StepResult:
-        from websockets.asyncio.client import connect
-
         await self.acquire_slot()
         try:
             self._ws = await asyncio.wait_for(
-                connect(self.url, open_timeout=None, ping_interval=None, max_size=2**24, proxy=None),
+                _connect_without_redirects()(self.url, open_timeout=None, ping_interval=None, max_size=2**24, proxy=None),
                 self.options.connect_timeout,
             )
         except asyncio.TimeoutError:
@@ -212,8 +211,16 @@ class OpenEnvSession:
             self._release_slot()
             raise _Retryable(f"cannot connect to {self.url}: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - handshake rejected (e.g. HTTP 503 from a proxy)
-            self.stats.connect_retries += 1
             self._release_slot()
+            response = getattr(exc, "response", None)
+            status = getattr(response, "status_code", None)
+            if isinstance(status, int) and 300 <= status < 400:  # the allowed server hands the session on: no
+                location = str(response.headers.get("Location", "?"))[:120]  # type: ignore[union-attr]
+                raise EnvError(
+                    f"OpenEnv server {self.base_url} answered {self.url} with a redirect ({status} to {location}); "
+                    "redirects are not followed (the allow-list names the servers a run talks to): point the URL "
+                    "at the server itself") from None
+            self.stats.connect_retries += 1
             raise _Retryable(f"websocket handshake with {self.url} failed: {type(exc).__name__}: {exc}") from None
         self.stats.sessions_opened += 1
         try:
@@ -306,6 +313,24 @@ class OpenEnvSession:
     def _backoff(self, attempt: int) -> float:
         base = min(self.options.max_backoff, self.options.backoff * (2 ** (attempt - 1)))
         return base * (0.5 + random.random() / 2)
+
+
+def _connect_without_redirects() -> Any:
+    """websockets' ``connect`` that never follows a redirect: a 3xx to the ``/ws`` handshake raises
+    (``InvalidStatus``) instead of opening a socket to wherever ``Location`` points."""
+    global _NO_REDIRECTS
+    if _NO_REDIRECTS is None:
+        from websockets.asyncio.client import connect
+
+        class connect_without_redirects(connect):  # type: ignore[misc, valid-type]
+            def process_redirect(self, exc: Exception) -> Exception | str:
+                return exc
+
+        _NO_REDIRECTS = connect_without_redirects
+    return _NO_REDIRECTS
+
+
+_NO_REDIRECTS: Any = None
 
 
 class _SessionLost(_Retryable):

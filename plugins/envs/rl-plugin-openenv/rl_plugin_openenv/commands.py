@@ -33,6 +33,10 @@ def add_commands(cli: Any) -> None:
         from .games import GAMES
         from .server import serve
 
+        if not 1 <= port <= 65535:  # was an 87-line OverflowError from the socket bind
+            from rlcore.errors import ConfigError
+
+            raise ConfigError(f"--port must be a TCP port from 1 to 65535, got {port}")
         if name not in GAMES:
             raise click.BadParameter(f"unknown environment {name!r}; choose one of: {', '.join(sorted(GAMES))}",
                                      param_hint="NAME")

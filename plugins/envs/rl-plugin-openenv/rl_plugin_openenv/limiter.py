@@ -112,6 +112,37 @@ async def server_capacity(base_url: str, timeout: float = 3.0) -> int | None:
     return None
 
 
+SERVER_SCHEMES = ("http", "https", "ws", "wss")
+
+
+def check_server_url(base_url: Any, what: str = "env_url") -> None:
+    """Refuse, in one line naming ``what``, a server URL that cannot be an OpenEnv server: another
+    scheme (``file://``, ``gopher://``), no host, a port outside 1-65535. (Was: retried for seconds,
+    or an ``ExceptionGroup`` from deep inside the HTTP client.)"""
+    from urllib.parse import urlsplit
+
+    from rlcore.errors import ConfigError
+
+    text = str(base_url)
+    shown = repr(text[:120])
+    url = text.strip() if "://" in text else "http://" + text.strip()
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError past 65535
+    except ValueError as exc:
+        raw = url.split("://", 1)[1].split("/", 1)[0].rpartition(":")[2]
+        if raw.isdigit():
+            raise ConfigError(f"{what} {shown}: the port must be 1-65535, got {raw}") from None
+        raise ConfigError(f"{what} {shown} is not a server URL ({exc}); give http://HOST:PORT") from None
+    if parts.scheme.lower() not in SERVER_SCHEMES:
+        raise ConfigError(f"{what} {shown} is not an OpenEnv server URL: the scheme must be http, https, ws or wss, "
+                          f"not {parts.scheme}; give http://HOST:PORT")
+    if not parts.hostname:
+        raise ConfigError(f"{what} {shown} names no host; give http://HOST:PORT")
+    if port is not None and not 1 <= port <= 65535:
+        raise ConfigError(f"{what} {shown}: the port must be 1-65535, got {port}")
+
+
 def http_url(base_url: str) -> str:
     """``http(s)://host:port`` form of a base URL given as http(s) or ws(s), without a trailing slash."""
     url = base_url.rstrip("/")

@@ -32,7 +32,7 @@ from rlcore.types import Completion, Trajectory
 from . import actions
 from .client import ActionRejected, ClientStats
 from .env import OpenEnvEnv, merge_env_config
-from .limiter import DEFAULT_SESSIONS, SessionLimiter, http_url, server_capacity
+from .limiter import DEFAULT_SESSIONS, SessionLimiter, check_server_url, http_url, server_capacity
 
 INVALID_ACTION_MODES = ("observe", "fail")
 
@@ -97,6 +97,11 @@ class OpenEnvScheduler(EnvScheduler):
         # a dataset row may point a trajectory at a server (env_config.base_url): only at one the run
         # configured, unless told otherwise — a row must not make the trainer connect anywhere it likes
         extra = allowed_env_urls.split(",") if isinstance(allowed_env_urls, str) else list(allowed_env_urls or [])
+        if env_url:  # file://, gopher://, port 99999: one line now, not retries per trajectory
+            check_server_url(env_url, "env_url")
+        for u in extra:
+            if u and u.strip():
+                check_server_url(u.strip(), "allowed_env_urls")
         self.allowed_env_urls = {http_url(u.strip()) for u in [env_url or "", *extra] if u and u.strip()}
         self.allow_any_env_url = bool(allow_any_env_url)
         self.stats = ClientStats()
@@ -129,7 +134,10 @@ class OpenEnvScheduler(EnvScheduler):
         return merge_env_config(self.defaults, trajectory.data_dict.get("env_config"))
 
     def check_env_url(self, base_url: str) -> None:
-        """Refuse a server URL the run did not configure (``env_url`` / ``allowed_env_urls``)."""
+        """Refuse a server URL the run did not configure (``env_url`` / ``allowed_env_urls``), and
+        one that cannot be a server at all (``check_server_url``). Redirects are never followed
+        (:class:`~rl_plugin_openenv.client.OpenEnvSession`), so the check holds for every hop."""
+        check_server_url(base_url, "env_config.base_url")
         if self.allow_any_env_url or http_url(str(base_url)) in self.allowed_env_urls:
             return
         allowed = ", ".join(sorted(self.allowed_env_urls)) or "none"

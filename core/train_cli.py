@@ -522,11 +522,13 @@ def run_plan(plan: TrainPlan) -> Any:
     from .training.checkpoint import acquire_run_lock, release_run_lock
 
     started = time.perf_counter()
-    acquire_run_lock(args.output_dir)  # one live run per directory, through training and the final save
     trainer = GRPOTrainer(plan.model, args=args, train_dataset=plan.rows, prompt_column=plan.prompt_column,
                           system_prompt=plan.system_prompt)
     if int(getattr(trainer.scheduler_obj, "max_turns", 1) or 1) > 1:  # how the episodes become sequences
         console.print(f"multi-turn  {trainer.multi_turn_note}", markup=False, highlight=False)
+    # one live run per directory, through training and the final save (taken once the model loaded:
+    # a model that cannot load starts nothing; GRPOTrainer refused a live run's directory before that)
+    acquire_run_lock(args.output_dir)
     interrupted = False
     second_interrupt_exits(args.output_dir)  # Ctrl-C stops cleanly; a second one while that waits ends it now
     try:

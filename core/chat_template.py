@@ -653,13 +653,15 @@ def template_file(tokenizer: Any, override: str | None = None) -> str:
 def check_renders_in_time(tokenizer: Any, override: str | None = None,
                           tools: list[dict[str, Any]] | None = None, timeout: float | None = None) -> None:
     """Render a short conversation (one user message with the generation prompt, then three
-    messages) within ``timeout`` seconds, else one :class:`ChatTemplateError` naming the template
-    file. Why: a template that loops (``range(100000)`` nested) hung the run at startup with no
-    output. The bound is a SIGALRM timer, so it holds in the main thread (where ``rlcore train``
-    and ``rlcore rollout`` render); elsewhere the renders run unbounded."""
+    messages: the run's first renders) within ``timeout`` seconds, else one :class:`ChatTemplateError`
+    naming the template file. Why: a template that loops (``range(100000)`` nested) hung the run at
+    startup with no output. The bound is a SIGALRM timer (one set before it, such as pytest-timeout's, still fires
+    when it is due), so it holds in the main thread, where ``rlcore train`` and ``rlcore rollout``
+    render; in another thread the renders run unbounded."""
     import os
     import signal
     import threading
+    import time
 
     if timeout is None:
         try:
@@ -667,25 +669,35 @@ def check_renders_in_time(tokenizer: Any, override: str | None = None,
         except ValueError:
             raise ConfigError(f"RLCORE_TEMPLATE_TIMEOUT={os.environ['RLCORE_TEMPLATE_TIMEOUT']!r} is not a number of seconds") from None
     convo = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye."}]
-    bounded = (timeout > 0 and hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
-               and signal.getitimer(signal.ITIMER_REAL)[0] == 0)  # never cut short a timer someone else set
-    if not bounded:
-        render(tokenizer, convo[:1], add_generation_prompt=True, tools=tools)
+    if not (timeout > 0 and hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()):
         return
+    previous = signal.getsignal(signal.SIGALRM)
+    theirs, interval = signal.getitimer(signal.ITIMER_REAL)
+    if theirs > 0 and not callable(previous):
+        return  # someone's timer would end the process: leave it alone
+    start = time.monotonic()
+    due = {"ours": start + timeout, "theirs": start + theirs if theirs > 0 else None}
 
-    def on_alarm(signum: int, frame: Any) -> None:
+    def on_alarm(signum: int, frame: Any) -> Any:
+        now = time.monotonic()
+        if due["theirs"] is not None and now >= due["theirs"] - 1e-3:  # a timer set before ours (pytest-timeout's)
+            due["theirs"] = None
+            signal.setitimer(signal.ITIMER_REAL, max(due["ours"] - now, 1e-3))
+            return previous(signum, frame)
         raise _RenderTimeout()
 
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, timeout)
+    signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, min(timeout, theirs) if theirs > 0 else timeout)
     try:
         render(tokenizer, convo[:1], add_generation_prompt=True, tools=tools)
         render(tokenizer, convo, add_generation_prompt=True, tools=tools)
     except _RenderTimeout:
         raise ChatTemplateError(
-            f"the chat template ({template_file(tokenizer, override)}) did not finish rendering a 3-message conversation "
+            f"the chat template ({template_file(tokenizer, override)}) did not finish rendering a short conversation "
             f"within {timeout:g} s (a loop that never ends?); fix the template, or pass one with --chat-template FILE "
             "(RLCORE_TEMPLATE_TIMEOUT sets the bound)") from None
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        if due["theirs"] is not None:  # the earlier timer goes on with the time it had left
+            signal.setitimer(signal.ITIMER_REAL, max(due["theirs"] - time.monotonic(), 1e-3), interval)

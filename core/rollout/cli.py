@@ -203,6 +203,9 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
     if given_sampler_opts:  # checked like flags: a misspelt key is one line naming what the sampler accepts
         given_sampler_opts = resolve_options(given_sampler_opts, {sampler_label: sampler_factory})[sampler_label]
     sampler_opts = {**given_sampler_opts, **sampler_opts}
+    if given_sched_opts:  # the same for the scheduler's: a key it does not declare is one line naming those it does
+        given_sched_opts = resolve_options(
+            given_sched_opts, {sched_label: component_parameters("scheduler", scheduler_factory)})[sched_label]
     sched_opts = {**given_sched_opts, **sched_opts}
     if isinstance(sched_opts.get("tool_parser"), str):  # a misspelt --tool-parser is one line before the model loads
         from .tool_parsers import check_tool_parser_name
@@ -264,6 +267,9 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
         if tokenizer is None:
             raise ConfigError(f"sampler {opts['sampler']!r} has no tokenizer; it is needed to encode prompts")
         check_vocabulary(tokenizer, model, "")
+        from ..chat_template import check_renders_in_time
+
+        check_renders_in_time(tokenizer)  # a template that loops forever is one line, not a silent hang
         if opts["max_turns"] is not None:
             sched_opts["max_turns"] = opts["max_turns"]
         scheduler = build_scheduler(scheduler_factory, sampler, tokenizer, **sched_opts)

@@ -42,7 +42,8 @@ def test_chat_completion_scripted_replies_faults_and_peak_concurrency(scripted_s
         server.faults.append(503)
         url = server.url + "/v1/chat/completions"
         payload = {"messages": [{"role": "user", "content": "judge this"}], "max_tokens": 16}
-        assert httpx.post(url, json=payload, timeout=30).status_code == 503  # injected, then normal service
+        assert httpx.post(url, json=payload, headers={"Authorization": "Bearer k"}, timeout=30).status_code == 503
+        assert server.request_headers[-1]["authorization"] == "Bearer k"  # injected fault, then normal service
 
         async def many() -> list[httpx.Response]:
             async with httpx.AsyncClient(timeout=30) as client:

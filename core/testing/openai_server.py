@@ -40,7 +40,8 @@ from that version's ``vllm/entrypoints/openai/api_server.py`` / ``entrypoints/se
 
 Fault injection for tests: append HTTP status codes to ``server.faults`` and the next
 ``/v1/completions`` or ``/v1/chat/completions`` requests answer with them (one each) before normal
-service resumes. ``server.peak_running`` is the most requests that were generating at once.
+service resumes. ``server.peak_running`` is the most requests that were generating at once;
+``server.request_headers`` the headers of each chat request (an API key as sent).
 """
 
 # no `from __future__ import annotations`: FastAPI resolves the endpoint annotations (Request) at runtime
@@ -211,6 +212,7 @@ def build_app(server: "OpenAICompatServer") -> Any:
     async def chat_completions(request: Request) -> Any:
         body = await request.json()
         server.requests.append(body)
+        server.request_headers.append(dict(request.headers))
         if server.faults:
             status = server.faults.pop(0)
             return _error(status, f"injected fault {status}", "ServiceUnavailableError")
@@ -369,6 +371,7 @@ class OpenAICompatServer:
         self.hang_s = hang_s
         self.faults: list[int] = []
         self.requests: list[dict[str, Any]] = []
+        self.request_headers: list[dict[str, str]] = []  # each chat request's headers (lower-case names), as received
         self.effective: list[dict[str, Any]] = []  # the sampling fields each request ran with
         self.weight_syncs = 0
         self.prefix_cache_resets = 0

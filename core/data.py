@@ -108,11 +108,46 @@ def row_messages(row: dict[str, Any], *, prompt_column: str | None = None, syste
         messages = [{"role": "user", "content": value}]
     elif isinstance(value, (list, tuple)) and all(isinstance(m, dict) and "role" in m for m in value):
         messages = [dict(m) for m in value]
+        for i, m in enumerate(messages):
+            problem = message_problem(m)
+            if problem:
+                raise DatasetError(f"dataset row {index} column {col!r}: message {i} {problem}")
     else:
         raise DatasetError(f"dataset row {index} column {col!r} must be text or a list of role/content messages")
     if system_prompt and not (messages and messages[0].get("role") == "system"):
         messages.insert(0, {"role": "system", "content": system_prompt})
     return messages, {col} if col in ("messages", "prompt") else set()
+
+
+#: the roles a prompt's messages may have (what chat templates render; ``ipython`` is Llama 3's tool role)
+MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool", "function", "ipython")
+
+
+def message_problem(m: Mapping[str, Any]) -> str | None:
+    """What is wrong with one prompt message, or None. A message has a known role and a content that
+    is text or a list of content parts (``{"type": "text", "text": …}``, images …); only an assistant
+    message that makes tool calls may leave its content out (or null). Why: a template renders a
+    missing content as empty and an unknown role as it likes, so the run trained on a turn nobody wrote."""
+    role = m.get("role")
+    if not isinstance(role, str) or role not in MESSAGE_ROLES:
+        return f"has role {role!r}; a message's role is one of {', '.join(MESSAGE_ROLES)}"
+    content = m.get("content")
+    if content is None:
+        if role == "assistant" and m.get("tool_calls"):
+            return None
+        said = "no content" if "content" not in m else "content null"
+        return (f"(role {role!r}) has {said}; give it its text (only an assistant message with tool_calls "
+                "may go without)")
+    if isinstance(content, str):
+        return None
+    if isinstance(content, (list, tuple)):
+        for j, part in enumerate(content):
+            if not isinstance(part, Mapping) or not isinstance(part.get("type"), str):
+                return (f"(role {role!r}) has content part {j} {part!r:.60}; a content list holds parts like "
+                        "{'type': 'text', 'text': '…'}")
+        return None
+    return (f"(role {role!r}) has content {content!r:.60} ({type(content).__name__}); content is text or a list "
+            "of content parts ({'type': 'text', 'text': '…'})")
 
 
 def row_to_prompt(row: dict[str, Any], tokenizer: Any, *, prompt_column: str | None = None,

@@ -120,12 +120,32 @@ def new_plugin(kind: str, name: str, directory: str | Path = ".") -> Path:
     if target.exists():
         raise ConfigError(f"{target} already exists; remove it or choose another --dir or NAME")
     files = _template_files(kind)
-    target.mkdir(parents=True)
-    for src, rel in files:
-        dest = target / Path(*(part.replace("__pkg__", values["pkg"]) for part in rel.parts))
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text(_render(src.read_text(encoding="utf-8"), values), encoding="utf-8")
+    made = _missing_parents(target)
+    try:
+        target.mkdir(parents=True)
+        for src, rel in files:
+            dest = target / Path(*(part.replace("__pkg__", values["pkg"]) for part in rel.parts))
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_text(_render(src.read_text(encoding="utf-8"), values), encoding="utf-8")
+    except OSError as exc:  # a read-only or full place: one line, and no half-written package left behind
+        import shutil
+
+        for path in made:  # only what this call created, deepest first
+            shutil.rmtree(path, ignore_errors=True)
+        raise ConfigError(f"cannot write the plugin package to {target}: {exc.strerror or exc}"
+                          f"{f' ({exc.filename})' if exc.filename and str(exc.filename) != str(target) else ''}; "
+                          "pass a --dir you can write to") from None
     return target
+
+
+def _missing_parents(target: Path) -> list[Path]:
+    """``target`` and those of its parents that do not exist yet, deepest first (what writing it creates)."""
+    out = []
+    for path in [target, *target.parents]:
+        if path.exists():
+            break
+        out.append(path)
+    return out
 
 
 def register(cli: Any) -> None:

@@ -26,6 +26,8 @@ SCRIPT_FLAGS = {
     "model": "HF model id, local path or .gguf file [default: the built-in tiny model]",
     "dataset": ".jsonl/.json/.parquet file, datasets name, or SOURCE:SPEC?key=value of a dataset source [default: the built-in digits task]",
     "dataset_split": "split of a datasets name [default: train]",
+    "eval_dataset": "evaluation set, read like --dataset (FILE, datasets name or SOURCE:SPEC); evaluated per --eval_strategy steps|epoch, which needs it",
+    "eval_dataset_split": "split of an --eval-dataset datasets name [default: test]",
     "dataset_options": "options for a dataset source (SOURCE:SPEC), key=value,key=value or JSON, e.g. size=2000,seed=3",
     "prompt_column": "column holding the prompt when it is not prompt/messages/question",
     "system_prompt": "system message prepended to every prompt",
@@ -57,6 +59,8 @@ def train_command(ctx: click.Context) -> None:
 
     distributed, argv = split_distributed_flags(argv)
     plan = build_plan(argv)
+    if distributed is not None and (plan.eval_rows is not None or _evaluates(plan.args)):
+        raise ConfigError("distributed training (--distributed) does not evaluate: drop --eval-dataset and --eval_strategy")
     if distributed is not None:
         for note in plan.notes:
             click.echo(f"⚠ {note}", err=True)
@@ -266,6 +270,7 @@ class TrainPlan:
     component_options: dict[str, dict[str, Any]]
     task_description: str = ""
     notes: list[str] = dataclasses.field(default_factory=list)  # settings changed on the way, said in the header
+    eval_rows: list[dict[str, Any]] | None = None  # --eval-dataset's rows (checked like the training rows)
 
 
 def build_plan(argv: Sequence[str]) -> TrainPlan:
@@ -376,13 +381,44 @@ def build_plan(argv: Sequence[str]) -> TrainPlan:
         task = str(script["dataset"])
     from .training.prompts import check_columns
 
+    eval_rows = _eval_rows(script, args, notes)  # an eval set, or a one-line refusal of an eval without one
     check_columns(rows, script.get("prompt_column"), f"dataset {task}")
     from .plugins import get
     from .rewards import check_reward_columns
 
     check_reward_columns([(n, get("reward", n)) for n in args.reward_funcs or []], rows, f"dataset {task}")
+    if eval_rows is not None:
+        source = f"eval dataset {script['eval_dataset']}"
+        check_columns(eval_rows, script.get("prompt_column"), source)
+        check_reward_columns([(n, get("reward", n)) for n in args.reward_funcs or []], eval_rows, source)
     return TrainPlan(args, os.path.expanduser(model), rows, task, script.get("prompt_column"),
-                     script.get("system_prompt"), component_options, _task_description(embedded, args), notes)
+                     script.get("system_prompt"), component_options, _task_description(embedded, args), notes,
+                     eval_rows)
+
+
+def _evaluates(args: Any) -> bool:
+    """Whether the run evaluates during training (``eval_strategy`` steps or epoch)."""
+    return str(getattr(args.eval_strategy, "value", args.eval_strategy)) != "no"
+
+
+def _eval_rows(script: dict[str, Any], args: Any, notes: list[str]) -> list[dict[str, Any]] | None:
+    """``--eval-dataset``'s rows. Why here: ``--eval_strategy steps`` without an eval set failed with
+    transformers' 40-line traceback after the model loaded, and the command line had no way to give one."""
+    strategy = str(getattr(args.eval_strategy, "value", args.eval_strategy))
+    if not script.get("eval_dataset"):
+        if strategy != "no":
+            raise ConfigError(f"--eval_strategy {strategy} evaluates on an eval set, and none was given: pass "
+                              "--eval-dataset FILE|NAME (read like --dataset), or drop --eval_strategy")
+        if script.get("eval_dataset_split"):
+            raise ConfigError("--eval-dataset-split needs --eval-dataset NAME (a datasets name)")
+        return None
+    from .data import load_rows
+
+    rows = load_rows(script["eval_dataset"], split=script.get("eval_dataset_split") or "test")
+    if strategy == "no":
+        notes.append(f"--eval-dataset {script['eval_dataset']} is never evaluated: eval_strategy is no "
+                     "(pass --eval_strategy steps --eval_steps N, or epoch)")
+    return rows
 
 
 def _bf16_fallback(values: dict[str, Any]) -> list[str]:
@@ -522,8 +558,8 @@ def run_plan(plan: TrainPlan) -> Any:
     from .training.checkpoint import acquire_run_lock, release_run_lock
 
     started = time.perf_counter()
-    trainer = GRPOTrainer(plan.model, args=args, train_dataset=plan.rows, prompt_column=plan.prompt_column,
-                          system_prompt=plan.system_prompt)
+    trainer = GRPOTrainer(plan.model, args=args, train_dataset=plan.rows, eval_dataset=plan.eval_rows,
+                          prompt_column=plan.prompt_column, system_prompt=plan.system_prompt)
     if int(getattr(trainer.scheduler_obj, "max_turns", 1) or 1) > 1:  # how the episodes become sequences
         console.print(f"multi-turn  {trainer.multi_turn_note}", markup=False, highlight=False)
     # one live run per directory, through training and the final save (taken once the model loaded:

@@ -175,6 +175,7 @@ class GRPOConfig(TrainingArguments):
     lora_target_modules: list[str] | None = field(default=None, metadata={"help": "Modules to adapt (default: all linear layers)."})
 
     def __post_init__(self) -> None:
+        check_field_types(self)  # a YAML `num_generations: [8]` is one line naming the field, not a TypeError later
         for name in _DICT_FIELDS + ("model_init_kwargs", "generation_kwargs", "chat_template_kwargs"):
             value = getattr(self, name)
             if isinstance(value, str):
@@ -325,6 +326,145 @@ def _cuda_bf16() -> bool:
         return False
 
 
+def _field_hints() -> dict[str, Any]:
+    """GRPOConfig's field annotations, resolved (``{}`` for any that cannot be)."""
+    global _HINTS
+    if _HINTS is None:
+        import dataclasses
+        import typing
+
+        try:
+            _HINTS = typing.get_type_hints(GRPOConfig)
+        except Exception:  # noqa: BLE001 - an annotation that does not resolve: that field goes unchecked
+            _HINTS = {f.name: f.type for f in dataclasses.fields(GRPOConfig) if not isinstance(f.type, str)}
+    return _HINTS
+
+
+_HINTS: dict[str, Any] | None = None
+#: fields HfArgumentParser leaves None (a union with a list) and TrainingArguments reads None as empty
+_NONE_AS_EMPTY = ("debug",)
+
+
+def _what(value: Any) -> str:
+    """How a value's type reads in an error line: ``a list``, ``text``, ``true/false``."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, str):
+        return "text"
+    name = type(value).__name__
+    return {"int": "an integer", "float": "a number", "list": "a list", "tuple": "a list", "dict": "a mapping"}.get(name, f"a {name}")
+
+
+def _expected(tp: Any) -> str | None:
+    """What an annotation asks for, as a user reads it; None where rlcore cannot tell (unchecked)."""
+    import enum
+    import typing
+
+    origin = typing.get_origin(tp)
+    if origin is typing.Union or type(tp).__name__ == "UnionType":
+        args = typing.get_args(tp)
+        if str in args and any(isinstance(a, type) and issubclass(a, enum.Enum) for a in args):
+            args = tuple(a for a in args if a is not str)  # a strategy's names are the text it takes
+        parts = [_expected(a) for a in args]
+        if any(p is None for p in parts):
+            return None
+        parts = list(dict.fromkeys(p for p in parts if p))
+        return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " or " + parts[-1]
+    if origin is typing.Literal:
+        return " or ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (list, tuple):
+        args = typing.get_args(tp)
+        if not args or args[0] is Any:
+            return "a list"
+        plural = {str: "text", int: "integers", float: "numbers", bool: "true/false values"}.get(args[0])
+        if plural is None:
+            inner = _expected(args[0])
+            if inner is None:
+                return None
+            plural = f"values ({inner})"
+        return f"a list of {plural}"
+    if origin is dict or tp is dict:
+        return "a mapping"
+    if tp is type(None):
+        return "null"
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return "one of " + ", ".join(str(m.value) for m in tp)
+    return {bool: "true or false", int: "an integer", float: "a number", str: "text", list: "a list"}.get(tp)
+
+
+def _fits(value: Any, tp: Any) -> tuple[bool, Any]:
+    """Whether ``value`` is of annotation ``tp`` (an int for a float, a whole float for an int, a
+    path for text), and the value to keep (``8.0`` → ``8``)."""
+    import enum
+    import os
+    import typing
+
+    origin = typing.get_origin(tp)
+    if origin is typing.Union or type(tp).__name__ == "UnionType":
+        for a in typing.get_args(tp):
+            ok, kept = _fits(value, a)
+            if ok:
+                return True, kept
+        return False, value
+    if origin is typing.Literal:
+        return any(value == a and type(value) is type(a) for a in typing.get_args(tp)), value
+    if origin in (list, tuple) or tp in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            return False, value
+        args = typing.get_args(tp)
+        if not args or args[0] is Any:
+            return True, value
+        kept = []
+        for v in value:
+            ok, k = _fits(v, args[0])
+            if not ok:
+                return False, value
+            kept.append(k)
+        return True, type(value)(kept)
+    if origin is dict or tp is dict:
+        return isinstance(value, dict), value
+    if tp is type(None):
+        return value is None, value
+    if tp is bool:
+        return isinstance(value, bool) or (type(value) is int and value in (0, 1)), value
+    if tp is int:
+        if isinstance(value, float) and value.is_integer():
+            return True, int(value)
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool), value
+    if tp is str:
+        return isinstance(value, (str, os.PathLike)), value
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return isinstance(value, tp), value
+    if isinstance(tp, type):
+        return isinstance(value, tp), value
+    return True, value  # Any, a TypeVar …: not checked
+
+
+def check_field_types(cfg: Any) -> None:
+    """Every field holds a value of its annotated type (the same rule for every field): a value from
+    a config file or code that does not fit is one line naming the field, the value and the type it
+    takes. Whole floats for integers (``8.0``) become ints; ints are numbers; paths are text."""
+    for name, tp in _field_hints().items():
+        if not hasattr(cfg, name) or _expected(tp) is None:
+            continue
+        value = getattr(cfg, name)
+        if value is None and name in _NONE_AS_EMPTY:
+            continue
+        ok, kept = _fits(value, tp)
+        if ok:
+            if kept is not value:
+                setattr(cfg, name, kept)
+            continue
+        shown = repr(value)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        hint = " (YAML reads no/yes/off/on as true/false: quote the word)" if isinstance(value, bool) else ""
+        raise ConfigError(f"{name} must be {_expected(tp)}, got {shown} ({_what(value)}){hint}")
+
+
 def check_values(cfg: GRPOConfig) -> None:
     """Value checks that need no registry: one line each, naming the setting."""
     if cfg.num_generations < 1:
@@ -425,13 +565,15 @@ def validate_components(cfg: GRPOConfig, extra_rewards: int = 0, environment_rew
 
 
 def check_component_options(cfg: GRPOConfig) -> None:
-    """Every key of ``loss_options`` / ``advantage_options`` / ``reward_options[NAME]`` is an option
-    the chosen component declares: a typo is one line naming what it does accept."""
+    """Every key of ``loss_options`` / ``advantage_options`` / ``scheduler_options`` /
+    ``reward_options[NAME]`` is an option the chosen component declares (as its ``--flags`` are): a
+    typo is one line naming what it does accept."""
     from ..plugins import get
     from ..rollout.options import component_parameters
 
     checks = [("loss", cfg.effective_loss_type, cfg.loss_options, "loss_options"),
-              ("advantage", cfg.advantage, cfg.advantage_options, "advantage_options")]
+              ("advantage", cfg.advantage, cfg.advantage_options, "advantage_options"),
+              ("scheduler", cfg.scheduler, cfg.scheduler_options, "scheduler_options")]
     for name, opts in (cfg.reward_options or {}).items():
         if name in (cfg.reward_funcs or []) and isinstance(opts, dict):  # options reach Reward classes only
             checks.append(("reward", name, opts, f"reward_options[{name!r}]"))

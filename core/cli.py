@@ -78,9 +78,8 @@ _BUILTIN_COMMAND_MODULES = ("rlcore.rollout.cli", "rlcore.train_cli", "rlcore.sc
 #: what ``rlcore`` answers without loading any plugin (a plugin that takes 30 s to import, or one that
 #: is broken, must not slow or stop ``rlcore --version``)
 _NO_PLUGIN_ARGS = ("--version", "-h", "--help")
-_PLUGIN_COMMANDS_NOTE = ("Installed plugins may add commands (rl-plugin-openenv: rlcore openenv ...); they are not "
-                         "loaded for this help: `rlcore plugins` lists the plugins and their hooks (register_commands), "
-                         "`rlcore COMMAND --help` shows one.")
+_PLUGIN_COMMANDS_NOTE = ("Installed plugins may add commands; plugins are not loaded for this help: `rlcore plugins` "
+                         "lists them and their hooks (register_commands), `rlcore COMMAND --help` shows one.")
 
 
 def _load_commands(plugin_commands: bool = True) -> None:

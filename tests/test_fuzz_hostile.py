@@ -133,11 +133,26 @@ def _installed_rewards() -> list[str]:
         rlcore.reload_plugins()
 
 
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+#: rewards that cannot be built without options, and what this test builds them with: rl-plugin-judge's
+#: llm_judge with a judge nobody listens on (the hostile text is rendered into its rubric and hashed for its
+#: cache; the call then fails at once, a counted None; hostile replies are fuzzed in the plugin's own tests)
+REWARD_OPTIONS = {"llm_judge": lambda: {"judge_url": f"http://127.0.0.1:{_closed_port()}", "retries": 0}}
+
+
 @pytest.mark.parametrize("reward", _installed_rewards())
 def test_every_reward_stays_bounded_on_every_hostile_completion(reward: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RLCORE_SAMPLE_TIMEOUT", str(SAMPLE_TIMEOUT))
     factory = rlcore.get("reward", reward)
-    obj = as_reward(reward, factory() if isinstance(factory, type) else factory)
+    options = REWARD_OPTIONS[reward]() if reward in REWARD_OPTIONS else {}
+    obj = as_reward(reward, factory(**options) if isinstance(factory, type) else factory)
     slow = []
     for name, text in HOSTILE_COMPLETIONS.items():
         # a numeric answer (the GSM8K path of gsm8k_accuracy/cosine) and a LaTeX solution (the

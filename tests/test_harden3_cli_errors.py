@@ -128,3 +128,12 @@ def test_grpo_config_in_python_checks_every_field_the_same_way(tmp_path):
     # what fits stays as it was; a whole float for an integer becomes the integer, an int is a number
     cfg = GRPOConfig(output_dir=Path(tmp_path), max_steps=3.0, learning_rate=1, reward_weights=[1, 0.5])
     assert cfg.max_steps == 3 and isinstance(cfg.max_steps, int) and cfg.learning_rate == 1
+    # what a field takes beyond its annotation stays accepted: TRL's scale_rewards=False, peft's
+    # "all-linear", generation_kwargs as JSON text; a config rebuilt from another's fields (Ray workers)
+    from rlcore.distributed.trainer_worker import config_fields
+
+    cfg = GRPOConfig(output_dir=str(tmp_path), scale_rewards=False, lora_target_modules="all-linear",
+                     generation_kwargs='{"max_tokens": 3}', eval_strategy="steps", eval_steps=2)
+    again = GRPOConfig(**config_fields(cfg))
+    assert (again.scale_rewards, again.lora_target_modules, again.generation_kwargs) == ("none", "all-linear",
+                                                                                        {"max_tokens": 3})

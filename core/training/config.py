@@ -343,6 +343,9 @@ def _field_hints() -> dict[str, Any]:
 _HINTS: dict[str, Any] | None = None
 #: fields HfArgumentParser leaves None (a union with a list) and TrainingArguments reads None as empty
 _NONE_AS_EMPTY = ("debug",)
+#: what a field takes beyond its annotation: TRL's True/False for scale_rewards, peft's "all-linear"
+#: (or a regex) for the LoRA targets, a JSON text for generation_kwargs (parsed in __post_init__)
+_ALSO_TAKES: dict[str, Any] = {"scale_rewards": bool, "lora_target_modules": str, "generation_kwargs": str}
 
 
 def _what(value: Any) -> str:
@@ -445,15 +448,23 @@ def _fits(value: Any, tp: Any) -> tuple[bool, Any]:
 
 
 def check_field_types(cfg: Any) -> None:
-    """Every field holds a value of its annotated type (the same rule for every field): a value from
-    a config file or code that does not fit is one line naming the field, the value and the type it
-    takes. Whole floats for integers (``8.0``) become ints; ints are numbers; paths are text."""
+    """Every field holds a value of its annotated type (the same rule for every field): a plain value
+    (text, a number, true/false, null, a list, a mapping — what a config file or a flag gives) that
+    does not fit is one line naming the field, the value and the type it takes. Whole floats for
+    integers (``8.0``) become ints; ints are numbers. Other objects (a ``Path``, transformers'
+    ``AcceleratorConfig`` in a config rebuilt from another's fields) are left to their field."""
+    import typing
+
     for name, tp in _field_hints().items():
+        if name in _ALSO_TAKES:
+            tp = typing.Union[tp, _ALSO_TAKES[name]]
         if not hasattr(cfg, name) or _expected(tp) is None:
             continue
         value = getattr(cfg, name)
         if value is None and name in _NONE_AS_EMPTY:
             continue
+        if not isinstance(value, (type(None), bool, int, float, str, list, tuple, dict)):
+            continue  # an object only code can pass (a Path, transformers' AcceleratorConfig): its field's own business
         ok, kept = _fits(value, tp)
         if ok:
             if kept is not value:

@@ -200,7 +200,8 @@ def prepare_multi_turn(
     the tokenizer's own. Otherwise, unless ``mode`` is ``per_turn``, a template that does not append
     exactly is made to where the family allows it: ``preserve_thinking=True`` for a template that
     takes it (Qwen3.6 and later) and the user did not set it, else the family's prefix-preserving
-    training template from TRL (``trl.chat_template_utils.get_training_chat_template``)."""
+    training template from TRL (``trl.chat_template_utils.get_training_chat_template``); a
+    ``chat_template`` given here is treated as the tokenizer's own would be."""
     mode = check_multi_turn_mode(mode)
     set_chat_template(tokenizer, None)
     source = "the chat template"
@@ -222,7 +223,7 @@ def prepare_multi_turn(
         return "per_turn: every assistant turn after the first is a sample of its own (its prompt re-rendered)"
     problem = probe_appends(tokenizer, tools)
     fixed = ""
-    if problem is not None and not chat_template:
+    if problem is not None:
         kwargs = chat_template_kwargs(tokenizer)
         if template_takes(tokenizer, "preserve_thinking") and "preserve_thinking" not in kwargs:
             set_chat_template_kwargs(tokenizer, {**kwargs, "preserve_thinking": True})
@@ -377,7 +378,17 @@ def appended_text(
         # common case, one render per turn: the template shows the assistant text as streamed, so
         # everything after it (closing "\n", new messages, next header) is the observation
         return after[len(head) + len(streamed):], None
-    # the template rewrites assistant text (strip, <think> removal …): close it generically
+    # the template rewrites assistant text (strip, <think> removal …): close it generically, where it
+    # still places the text right after the header it was sampled after (a template that puts
+    # something of its own there instead, such as an empty <think></think> before a reply that did
+    # not close its reasoning, renders that reply otherwise than it was sampled)
+    marked = render(tokenizer, list(synced[:last]) + [{**synced[last], "content": _SENTINEL}], tools=tools)
+    at = marked.find(_SENTINEL)
+    if at < 0 or marked[:at] != head:
+        shown = marked[len(head):at] if at >= 0 and marked.startswith(head) else ""
+        return None, ChatTemplateError(
+            f"the chat template renders the reply otherwise than it was sampled (it puts {shown!r} before it); "
+            "multi_turn_mode auto or per_turn trains the next turn as a sample of its own")
     full = render(tokenizer, synced, tools=tools)
     closing = assistant_closing(tokenizer, synced[:last], synced[last], streamed, tools=tools, head=head, full=full)
     if after.startswith(full):

@@ -54,14 +54,13 @@ EXPECTED = {
     "lfm2_2_5": "preserve", "lfm2_2_5_v2": "preserve", "qwen3_6": "preserve",
     "deepseekv3": "per_turn", "glm4moe": "per_turn", "gptoss": "per_turn",
     "nemotron_3_5_lightning": "per_turn", "nemotron_3_nano": "per_turn", "nemotron_3_super": "per_turn",
-    "nemotron_3_ultra": "per_turn",
+    "nemotron_3_ultra": "per_turn", "muse_glimmer": "per_turn",
 }
 #: image-text templates: their messages are lists of content blocks, not text
 MULTIMODAL = {"idefics3", "llava_next", "smolvlm", "lfm2_2_5_vl"}
-#: a channel format rlcore has no reader for (gpt-oss's harmony has one, ``harmony``): a reply is a run
-#: of channel messages that must be parsed into the message's fields before the template can render
-#: it back, so these fail at turn 2, loudly, with the reason (not yet supported: docs/chat-templates.md)
-CHANNELS = {"muse_glimmer"}
+#: channel formats rlcore has no reader for (gpt-oss's harmony has one): none left; muse-glimmer's
+#: replies (`` to=user<|message|>…``) render back otherwise than sampled, which the probe sees (per turn)
+CHANNELS: set[str] = set()
 
 
 class AskAgain(MultiTurnScheduler):
@@ -163,7 +162,7 @@ TOOLED = [n for n in _originals() if n not in MULTIMODAL | CHANNELS]
 #: from its ``tool_calls`` field in a way that text does not come back as (a call that ends at its
 #: own stop token: gemma4, gpt-oss; a reply the template strips: nemotron 3; ``arguments`` it wants
 #: as a string: deepseek-v3). Not yet exact: their trajectories must fail, loudly, never train wrong
-TOOL_GAPS = {"deepseekv3", "diffusion_gemma", "gemma4", "gemma4_v2", "gemma4_v3", "gemma4_v4", "gemma4_v5", "gptoss",
+TOOL_GAPS = {"muse_glimmer", "deepseekv3", "diffusion_gemma", "gemma4", "gemma4_v2", "gemma4_v3", "gemma4_v4", "gemma4_v5", "gptoss",
              "nemotron_3_5_lightning", "nemotron_3_nano", "nemotron_3_super", "nemotron_3_ultra"}
 
 

@@ -139,6 +139,7 @@ def check_trajectory(
             # longer conversation (the reason this is a sample of its own) says nothing against it
             return out
         ends_open = traj.messages[-1].get("role") == "assistant"
+        as_sampled = None
         if closing is None:
             closing = tk.generic_assistant_closing(tokenizer, tools=tools)
         have_all = tk.decode(tokenizer, _text_ids(traj, tokenizer, closing))
@@ -146,6 +147,14 @@ def check_trajectory(
         # (strips it, splits a <think> block out and renders it back), its rendering with each
         # trained message's content placed verbatim
         wants = [tk.render(tokenizer, traj.messages, tools=tools, add_generation_prompt=not ends_open)]
+        if ends_open and len(traj.messages) - 1 > n_prompt:
+            # the last reply, as sampled after the generation prompt of the messages before it (a
+            # thinking template renders a reply that never closed its <think> otherwise; no later
+            # turn was given that rendering, so the tokens the model saw are these)
+            opener = tk.assistant_form(tokenizer, tools)[1]
+            last = str(traj.messages[-1].get("content") or "")
+            gen = tk.render(tokenizer, traj.messages[:-1], tools=tools, add_generation_prompt=True)
+            as_sampled = gen + (last[len(opener):] if opener and last.startswith(opener) and gen.endswith(opener) else last)
         trained = trained_messages(traj, n_prompt)
         if trained:
             try:
@@ -163,6 +172,11 @@ def check_trajectory(
         aligned = True
         have, want = have_all[len(have_prompt):], want_all[len(want_prompt):]
         if have == want or (ends_open and want.startswith(have) and closing.endswith(want[len(have):])):
+            return out
+    if as_sampled is not None and as_sampled.startswith(want_prompt) and have_all.startswith(have_prompt):
+        # the tokens: the last reply as sampled, then at most the start of its closing (the eos)
+        got, sampled = have_all[len(have_prompt):], as_sampled[len(want_prompt):]
+        if got.startswith(sampled) and closing.startswith(got[len(sampled):]):
             return out
     if not aligned:
         out.append(Violation(traj.uuid, "tokens", "the rendering of the final messages does not start with the "

@@ -278,11 +278,24 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
         params = SamplingParams(max_tokens=opts["max_completion_length"], temperature=opts["temperature"],
                                 top_p=opts["top_p"], seed=opts["seed"])
         reward_hooks = RunHooks(*reward_objs) if reward_objs else None
+        # streamed a group at a time: rewards score a prompt's whole group together, as in training
+        # (a reward may compare a group's completions), then the group is written and forgotten
+        groups: dict[str, list[Any]] = {}
+        requests: dict[str, int] = {}
 
-        async def finished(trajectories: list[Any]) -> None:  # streamed: scored, written, forgotten
+        async def finished(trajectories: list[Any]) -> None:
+            if not trajectories:
+                return
+            gid = trajectories[0].group_id
+            groups.setdefault(gid, []).extend(trajectories)
+            requests[gid] = requests.get(gid, 0) + 1
+            if requests[gid] < opts["num_generations"]:
+                return
+            group = groups.pop(gid)
+            del requests[gid]
             if reward_hooks is not None:
-                await compute_rewards(reward_hooks, trajectories, weights)
-            sink.write(trajectories)
+                await compute_rewards(reward_hooks, group, weights)
+            sink.write(group)
 
         sink.open()
         try:
@@ -292,6 +305,8 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
                 observers=opts.get("observers") or (), check=opts.get("check", True), on_finished=finished,
             )  # (no trajectory kept: memory stays flat however many there are)
         except (asyncio.CancelledError, KeyboardInterrupt):
+            for group in groups.values():  # groups cut short: their finished trajectories, unscored
+                sink.write(group)
             sink.close()
             click.echo(f"interrupted: wrote {sink.written} finished trajectories to {out}", err=True)
             raise

@@ -7,13 +7,12 @@ of its own plays the env's episodes, and a cut reply still goes to the env."""
 from __future__ import annotations
 
 import json
-import sys
-import types
 from typing import Any
 
 import pytest
 
 from rlcore.cli import main
+from rlcore.testing.packages import load_in_process
 from rlcore.envs import Env
 from rlcore.train_cli import build_plan
 
@@ -40,15 +39,7 @@ class ThreeRounds(Env):
 
 @pytest.fixture
 def three_rounds_env(monkeypatch: pytest.MonkeyPatch) -> str:
-    import rlcore
-    import rlcore.plugins as registry_module
-    from rlcore.plugins import Plugins
-
-    module = types.ModuleType("three_rounds_env_plugin")
-    module.register_envs = rlcore.hookimpl(lambda register: register("three_rounds_t", ThreeRounds))
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setattr(registry_module, "_plugins",
-                        Plugins(allow=[], builtins=[*registry_module.BUILTIN_PLUGINS, module.__name__]))
+    load_in_process(monkeypatch, "three_rounds_env_plugin", register_envs=lambda register: register("three_rounds_t", ThreeRounds))
     return "three_rounds_t"
 
 

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-import types
 import weakref
 from pathlib import Path
 from typing import Any
@@ -165,15 +164,10 @@ def _watching_scheduler() -> type:
 def test_finished_trajectories_are_not_kept_in_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Was: every trajectory held to the end (433 MB and rising at 4,000). Counted, not timed: the
     finished trajectories still alive mid-run stay within the concurrency however long the run."""
-    import rlcore
-    import rlcore.plugins as registry_module
-    from rlcore.plugins import Plugins
+    from rlcore.testing.packages import load_in_process
 
-    module = types.ModuleType("watching_scheduler_plugin_t")
-    module.register_schedulers = rlcore.hookimpl(lambda register: register("watching_t", _watching_scheduler()))
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setattr(registry_module, "_plugins",
-                        Plugins(allow=[], builtins=[*registry_module.BUILTIN_PLUGINS, module.__name__]))
+    load_in_process(monkeypatch, "watching_scheduler_plugin_t",
+                    register_schedulers=lambda register: register("watching_t", _watching_scheduler()))
     _Watch.alive_finished, _Watch.calls = [], 0
     out = tmp_path / "r.jsonl"
     main(["rollout", "--scheduler", "watching_t", "--limit", "0", "--num-generations", "6", "--rollout-concurrency", "4",

@@ -5,7 +5,6 @@ few steps, above the progress bar; one line each, with likely causes and what to
 from __future__ import annotations
 
 import json
-import sys
 import types
 from typing import Any, Callable
 
@@ -16,15 +15,9 @@ from rlcore.training.diagnosis import diagnose
 
 
 def _register(monkeypatch: pytest.MonkeyPatch, name: str, fn: Callable[..., Any]) -> None:
-    import rlcore
-    import rlcore.plugins as registry_module
-    from rlcore.plugins import Plugins
+    from rlcore.testing.packages import load_in_process
 
-    module = types.ModuleType(f"{name}_plugin")
-    module.register_rewards = rlcore.hookimpl(lambda register: register(name, fn))
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setattr(registry_module, "_plugins",
-                        Plugins(allow=[], builtins=[*registry_module.BUILTIN_PLUGINS, module.__name__]))
+    load_in_process(monkeypatch, f"{name}_plugin", register_rewards=lambda register: register(name, fn))
 
 
 def _train(tmp_path: Any, reward: str, *extra: str) -> None:

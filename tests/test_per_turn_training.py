@@ -13,8 +13,6 @@ import asyncio
 import copy
 import json
 import math
-import sys
-import types
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +23,7 @@ from rlcore.chat_template import set_multi_turn_mode
 from rlcore.cli import main
 from rlcore.envs import Env
 from rlcore.rollout import MultiTurnScheduler, check_batch, encode_prompt, run_rollouts
+from rlcore.testing.packages import load_in_process
 from rlcore.types import Prompt, SamplingParams
 
 COUNTING = "{{ messages | length }} messages\n"
@@ -108,15 +107,7 @@ class Rounds(Env):
 
 @pytest.fixture
 def rounds_env(monkeypatch: pytest.MonkeyPatch) -> str:
-    import rlcore
-    import rlcore.plugins as registry_module
-    from rlcore.plugins import Plugins
-
-    module = types.ModuleType("per_turn_rounds_env_plugin")
-    module.register_envs = rlcore.hookimpl(lambda register: register("per_turn_rounds", Rounds))
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setattr(registry_module, "_plugins",
-                        Plugins(allow=[], builtins=[*registry_module.BUILTIN_PLUGINS, module.__name__]))
+    load_in_process(monkeypatch, "per_turn_rounds_env_plugin", register_envs=lambda register: register("per_turn_rounds", Rounds))
     return "per_turn_rounds"
 
 

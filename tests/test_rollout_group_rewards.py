@@ -5,14 +5,13 @@ a group-relative score) gets the whole group, never one trajectory at a time."""
 from __future__ import annotations
 
 import json
-import sys
-import types
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rlcore.cli import main
+from rlcore.testing.packages import load_in_process
 
 
 def group_rank(completions: list[Any], **kwargs: Any) -> list[float]:
@@ -26,15 +25,7 @@ def group_rank(completions: list[Any], **kwargs: Any) -> list[float]:
 
 @pytest.fixture
 def group_rank_reward(monkeypatch: pytest.MonkeyPatch) -> str:
-    import rlcore
-    import rlcore.plugins as registry_module
-    from rlcore.plugins import Plugins
-
-    module = types.ModuleType("group_rank_reward_plugin")
-    module.register_rewards = rlcore.hookimpl(lambda register: register("group_rank_t", group_rank))
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setattr(registry_module, "_plugins",
-                        Plugins(allow=[], builtins=[*registry_module.BUILTIN_PLUGINS, module.__name__]))
+    load_in_process(monkeypatch, "group_rank_reward_plugin", register_rewards=lambda register: register("group_rank_t", group_rank))
     return "group_rank_t"
 
 

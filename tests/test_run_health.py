@@ -148,19 +148,14 @@ def test_the_cli_shows_where_a_reward_raised_before_its_one_line(tmp_path: Any, 
     import sys
     import types
 
-    import rlcore
-    import rlcore.plugins as registry_module
     from rlcore.cli import main
-    from rlcore.plugins import Plugins
+    from rlcore.testing.packages import load_in_process
 
     def fragile_reward_t(completions: list[str]) -> list[float]:
         return [{}["solution"] for _ in completions]  # the bug the user must find
 
-    module = types.ModuleType("fragile_reward_plugin_t")
-    module.register_rewards = rlcore.hookimpl(lambda register: register("fragile_reward_t", fragile_reward_t))
-    sys.modules[module.__name__] = module
-    monkeypatch.setattr(registry_module, "_plugins",
-                        Plugins(allow=[], builtins=[*registry_module.BUILTIN_PLUGINS, module.__name__]))
+    load_in_process(monkeypatch, "fragile_reward_plugin_t",
+                    register_rewards=lambda register: register("fragile_reward_t", fragile_reward_t))
     with pytest.raises(SystemExit) as exc:
         main(["train", "--reward", "fragile_reward_t", "--max_steps", "2", "--output_dir", str(tmp_path / "o")])
     assert exc.value.code == 2

@@ -238,17 +238,9 @@ def test_a_reward_needing_a_column_the_dataset_lacks_fails_before_the_model_load
     def register_rewards(register):
         register("needs_solution_t", NeedsSolution)
 
-    import types
+    from rlcore.testing.packages import load_in_process
 
-    module = types.ModuleType("needs_solution_plugin_t")
-    module.register_rewards = rlcore.hookimpl(register_rewards)
-    import sys
-
-    sys.modules[module.__name__] = module
-    from rlcore.plugins import Plugins
-    import rlcore.plugins as registry_module
-
-    monkeypatch.setattr(registry_module, "_plugins", Plugins(allow=[], builtins=[*registry_module.BUILTIN_PLUGINS, module.__name__]))
+    load_in_process(monkeypatch, "needs_solution_plugin_t", register_rewards=register_rewards)
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"prompt": "1+1", "answer": "2"}\n')
     err = fails_before_model_load(["--dataset", str(rows), "--reward", "needs_solution_t", "--output-dir", str(tmp_path / "o")],

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 
 def write_plugin_package(root: Path, dist: str, module: str, source: str, entry_point: str | None = None,
@@ -86,3 +86,21 @@ def write_site_plugin(site: Path, dist: str, module: str, source: str) -> Path:
     (info / "entry_points.txt").write_text(f"[rlcore]\n{module} = {module}\n")
     (info / "top_level.txt").write_text(f"{module}\n")
     return site
+
+
+def load_in_process(monkeypatch: Any, name: str, **hooks: Any) -> Any:
+    """Make a module named ``name`` holding ``hooks`` (hook name -> function, e.g.
+    ``register_rewards=lambda register: register("x", fn)``) one of rlcore's built-in plugins for
+    one test (``monkeypatch`` undoes it): the fastest way to give a test a component of its own.
+    An installed package is :func:`write_site_plugin` / :func:`installed`."""
+    import types
+
+    import rlcore
+    import rlcore.plugins as registry
+
+    module = types.ModuleType(name)
+    for hook, fn in hooks.items():
+        setattr(module, hook, rlcore.hookimpl(fn))
+    monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(registry, "_plugins", registry.Plugins(allow=[], builtins=[*registry.BUILTIN_PLUGINS, name]))
+    return module

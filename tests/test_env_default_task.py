@@ -13,33 +13,13 @@ import pytest
 
 from rlcore.cli import main
 from rlcore.testing.packages import load_in_process
-from rlcore.envs import Env
+from rlcore.testing.multi_turn import DigitRounds
 from rlcore.train_cli import build_plan
-
-
-class ThreeRounds(Env):
-    """Three rounds; a reply earns the share of its characters that are digits."""
-
-    def __init__(self, **options: Any) -> None:
-        self.round = 0
-
-    async def reset(self, request: Any) -> tuple[str, dict[str, Any], str | None]:
-        self.round = 0
-        return "Round 1: say a number.", {}, None
-
-    async def step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
-        self.round += 1
-        chars = [c for c in action if not c.isspace()]
-        reward = sum(c.isdigit() for c in chars) / len(chars) if chars else 0.0
-        return f"Round {self.round + 1}: say a number.", reward, self.round >= 3, {}
-
-    async def close(self) -> None:
-        pass
 
 
 @pytest.fixture
 def three_rounds_env(monkeypatch: pytest.MonkeyPatch) -> str:
-    load_in_process(monkeypatch, "three_rounds_env_plugin", register_envs=lambda register: register("three_rounds_t", ThreeRounds))
+    load_in_process(monkeypatch, "three_rounds_env_plugin", register_envs=lambda register: register("three_rounds_t", DigitRounds))
     return "three_rounds_t"
 
 

@@ -21,8 +21,8 @@ import torch
 
 from rlcore.chat_template import set_multi_turn_mode
 from rlcore.cli import main
-from rlcore.envs import Env
 from rlcore.rollout import MultiTurnScheduler, check_batch, encode_prompt, run_rollouts
+from rlcore.testing.multi_turn import DigitRounds
 from rlcore.testing.packages import load_in_process
 from rlcore.types import Prompt, SamplingParams
 
@@ -85,29 +85,9 @@ def test_append_mode_fails_these_trajectories_loudly(tiny_tokenizer: Any, tiny_h
                for t in res.trajectories), [t.reason for t in res.trajectories]
 
 
-class Rounds(Env):
-    """Three rounds; a reply earns the share of its characters that are digits."""
-
-    def __init__(self, **options: Any) -> None:
-        self.round = 0
-
-    async def reset(self, request: Any) -> tuple[str, dict[str, Any], str | None]:
-        self.round = 0
-        return "Round 1: a number?", {}, None
-
-    async def step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
-        self.round += 1
-        chars = [c for c in action if not c.isspace()]
-        reward = sum(c.isdigit() for c in chars) / len(chars) if chars else 0.0
-        return f"Round {self.round + 1}: a number?", reward, self.round >= 3, {}
-
-    async def close(self) -> None:
-        pass
-
-
 @pytest.fixture
 def rounds_env(monkeypatch: pytest.MonkeyPatch) -> str:
-    load_in_process(monkeypatch, "per_turn_rounds_env_plugin", register_envs=lambda register: register("per_turn_rounds", Rounds))
+    load_in_process(monkeypatch, "per_turn_rounds_env_plugin", register_envs=lambda register: register("per_turn_rounds", DigitRounds))
     return "per_turn_rounds"
 
 

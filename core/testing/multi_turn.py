@@ -19,6 +19,7 @@ import math
 from typing import Any, Sequence
 
 from ..chat_template import decode, generic_assistant_closing, render
+from ..envs import Env
 from ..sampling.base import Sampler
 from ..types import Completion, SamplingParams
 
@@ -199,3 +200,24 @@ def assert_rows_are_sampler_calls(trajectories: Sequence[Any], records: Sequence
     lost = [k for k in range(len(records)) if k not in used]
     assert not (every_call and lost), f"sampler calls {lost} are in no row"
     return rows
+
+
+class DigitRounds(Env):
+    """An env for multi-turn tests: three rounds (``"Round k: say a number."``), each reply earning
+    the share of its non-space characters that are digits; done after the third."""
+
+    def __init__(self, **options: Any) -> None:
+        self.round = 0
+
+    async def reset(self, request: Any) -> tuple[str, dict[str, Any], str | None]:
+        self.round = 0
+        return "Round 1: say a number.", {}, None
+
+    async def step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        self.round += 1
+        chars = [c for c in action if not c.isspace()]
+        reward = sum(c.isdigit() for c in chars) / len(chars) if chars else 0.0
+        return f"Round {self.round + 1}: say a number.", reward, self.round >= 3, {}
+
+    async def close(self) -> None:
+        pass

@@ -112,3 +112,21 @@ def test_rlcore_train_with_a_template_that_rewrites_history(rounds_env: str, tin
     jinja = out / "chat_template.jinja"
     saved = jinja.read_text() if jinja.exists() else json.loads((out / "tokenizer_config.json").read_text())["chat_template"]
     assert saved == tiny_tokenizer.chat_template
+
+
+def test_rlcore_rollout_and_check_rollouts_with_that_template(rounds_env: str, tiny_tokenizer: Any, tmp_path: Path,
+                                                              capsys: Any) -> None:
+    template = tmp_path / "counting.jinja"
+    template.write_text(COUNTING + tiny_tokenizer.chat_template)
+    out = tmp_path / "r.jsonl"
+    main(["rollout", "--scheduler", "env_scheduler", "--env", rounds_env, "--num-generations", "2", "--limit", "1",
+          "--chat-template", str(template), "--no-progress", "-o", str(out)])
+    assert "multi-turn  auto: a sample per turn where the chat template" in capsys.readouterr().err
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 2 and all(r["status"] != "failed" for r in rows), [r.get("reason") for r in rows]
+    assert all([t["role"] for t in r["turns"]].count("prompt") == r["num_turns"] - 1 for r in rows), rows[0]["turns"]
+    main(["check-rollouts", str(out), "--chat-template", str(template)])  # held to the same template
+    assert "2 sound, 0 with violations" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # and to the tokenizer's own, the prompts are not its rendering
+        main(["check-rollouts", str(out)])
+    assert exc.value.code == 1

@@ -73,6 +73,10 @@ OLD_ROLLOUT_NAMES = {"max_tokens": "max_completion_length", "concurrency": "roll
 @click.option(*_flag("scheduler_options"), default=None, help="JSON object of scheduler options (merged under --flags).")
 @click.option(*_flag("sampler_options"), default=None, help="JSON object of sampler options (merged under --flags).")
 @click.option("--observer", "--observers", "observers", multiple=True, help="Installed observer plugin to run alongside (repeatable).")
+@click.option(*_flag("chat_template"), default=None,
+              help="A Jinja chat template file to render prompts and turns with instead of the tokenizer's own.")
+@click.option(*_flag("multi_turn_mode"), type=click.Choice(["auto", "append", "per_turn"]), default="auto", show_default=True,
+              help="How a multi-turn episode becomes sequences, as in training (docs/chat-templates.md).")
 @click.option("--check/--no-check", default=True, show_default=True,
               help="Hold every trajectory to the rollout invariants (a violation fails it; see check-rollouts).")
 @click.pass_context
@@ -216,6 +220,8 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
     reward_objs, weights = _rewards(opts["rewards"], registry, as_reward,
                                     {name: routed[f"reward {name!r}"] for name in reward_names})
     out = check_output(opts["output"], bool(opts.get("overwrite")))  # before the rows and the model load
+    if opts.get("chat_template") and not Path(opts["chat_template"]).is_file():
+        raise ConfigError(f"--chat-template {opts['chat_template']}: no such file; pass a Jinja chat template file")
     dataset: Any = opts["dataset"]
     from .env_scheduler import EnvScheduler
 
@@ -269,10 +275,16 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
         check_vocabulary(tokenizer, model, "")
         from ..chat_template import check_renders_in_time
 
+        from ..chat_template import prepare_multi_turn
+
+        # the run's template set up as the trainer sets it up (a family's training template, …)
+        multi_turn_note = prepare_multi_turn(tokenizer, opts["multi_turn_mode"], chat_template=opts["chat_template"])
         check_renders_in_time(tokenizer)  # a template that loops forever is one line, not a silent hang
         if opts["max_turns"] is not None:
             sched_opts["max_turns"] = opts["max_turns"]
         scheduler = build_scheduler(scheduler_factory, sampler, tokenizer, **sched_opts)
+        if int(getattr(scheduler, "max_turns", 1) or 1) > 1:  # how the episodes become sequences
+            click.echo(f"multi-turn  {multi_turn_note}", err=True)
         prompts = load_prompts(rows, tokenizer, prompt_column=opts["prompt_column"], system_prompt=opts["system_prompt"],
                                tools=template_tools(scheduler))
         params = SamplingParams(max_tokens=opts["max_completion_length"], temperature=opts["temperature"],
@@ -337,7 +349,10 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
 @click.option("--tools", "tools_path", default=None, type=click.Path(exists=True, dir_okay=False),
               help="JSON file with the tool schemas the prompts were rendered with.")
 @click.option("--strict-logprobs", is_flag=True, help="Every trained token must carry a logprob (else: all or none).")
-def check_rollouts_command(path: str, model: str | None, tools_path: str | None, strict_logprobs: bool) -> None:
+@click.option("--chat-template", "chat_template", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="The --chat-template the rollouts were made with.")
+def check_rollouts_command(path: str, model: str | None, tools_path: str | None, strict_logprobs: bool,
+                           chat_template: str | None) -> None:
     """Check a JSONL of trajectories (``rlcore rollout`` output) against the rollout invariants.
 
     Tokens vs the chat-template rendering of the final messages, prompt tokens vs prompt messages,
@@ -356,6 +371,9 @@ def check_rollouts_command(path: str, model: str | None, tools_path: str | None,
 
     check_model_path(model)
     tok = from_pretrained(AutoTokenizer, model, "tokenizer")
+    from ..chat_template import prepare_multi_turn
+
+    prepare_multi_turn(tok, "auto", chat_template=chat_template)  # the template as rollout and train render it
     tools = json.loads(Path(tools_path).read_text()) if tools_path else None
     trajs = []
     vocab = len(tok)

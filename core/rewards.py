@@ -14,7 +14,16 @@ unchanged and rlcore's own keep working:
   (every message after the prompt), ``completion_texts`` (all sampled text concatenated),
   ``completion_ids``, ``prompts`` (prompt messages), ``prompt_ids``, ``trajectories``, ``infos``,
   ``step_rewards``, ``total_reward`` (cumulative environment reward), ``num_turns``,
-  ``trainer_state``, ``log_metric``, ``log_extra`` and every dataset column by its name.
+  ``trainer_state``, ``step``, ``progress``, ``log_metric``, ``log_extra`` and every dataset
+  column by its name.
+
+Rewards that see training progress (curricula, schedules): ``trainer_state`` is the trainer's
+``transformers.TrainerState`` (``self.state``, exactly what TRL 1.16 passes, so
+``trainer_state.global_step`` is the number of optimizer steps done before this generation);
+``step`` is that ``global_step`` as an int and ``progress`` is ``step / max_steps``, clamped to
+[0, 1] (0 when the run has no step bound). Outside a trainer (``rlcore rollout``, the loop API
+without ``step=``) ``trainer_state`` is ``None`` and ``step``/``progress`` are 0. A dataset column
+named ``step`` or ``progress`` wins over these (a reward that read its column keeps reading it).
 
 A reward that raises on a batch is retried one sample at a time; a sample that still raises gets
 ``None`` (ignored by advantages) and is counted in ``reward_errors/<name>``; so does a sample the
@@ -57,6 +66,19 @@ class RewardContext:
     log_extra: Callable[[str, list[Any]], None] | None = None
     #: TRL's ``environments`` (environment_factory runs): trajectory -> its environment instance
     environment_of: Callable[[Trajectory], Any] | None = None
+    #: the global step and the run's step bound when no ``trainer_state`` carries them (the loop API)
+    step: int | None = None
+    max_steps: int | None = None
+
+    def progress_values(self) -> tuple[int, float]:
+        """``(step, progress)`` for rewards: from ``step``/``max_steps`` when given, else from the
+        trainer state's ``global_step``/``max_steps``; 0 and 0.0 when neither says."""
+        state = self.trainer_state
+        step = self.step if self.step is not None else getattr(state, "global_step", 0)
+        bound = self.max_steps if self.max_steps is not None else getattr(state, "max_steps", 0)
+        step = int(step or 0)
+        progress = min(1.0, max(0.0, step / float(bound))) if bound and bound > 0 else 0.0
+        return step, progress
 
 
 def _no_log(*_: Any, **__: Any) -> None:
@@ -80,8 +102,8 @@ class RewardInputs(Mapping[str, Any]):
     not for all of them (scoring 10k completions is then the reward's own cost, not rlcore's)."""
 
     _BUILT = ("completions", "completion_messages", "completion_texts", "completion_ids", "prompts", "prompt_ids",
-              "trajectories", "infos", "step_rewards", "total_reward", "num_turns", "trainer_state", "log_metric",
-              "log_extra")
+              "trajectories", "infos", "step_rewards", "total_reward", "num_turns", "trainer_state", "step",
+              "progress", "log_metric", "log_extra")
 
     def __init__(self, trajectories: Sequence[Trajectory], trainer_state: Any = None,
                  context: RewardContext | None = None) -> None:
@@ -157,6 +179,11 @@ class RewardInputs(Mapping[str, Any]):
             return [t.num_turns for t in trajs]
         if key == "trainer_state":
             return self.trainer_state
+        if key in ("step", "progress"):
+            if key in self.data_keys():  # the dataset's own column of that name
+                return [t.data.get(key) for t in trajs]
+            step, progress = attrs.evolve(self.context, trainer_state=self.trainer_state).progress_values()
+            return step if key == "step" else progress
         if key in ("log_metric", "log_extra"):
             return getattr(self.context, key) or _no_log
         if key == "environments":

@@ -102,6 +102,20 @@ def register_tool_parsers(register: Register) -> None:
 
 
 @hookspec
+def register_prompt_samplers(register: Register) -> None:
+    """Register prompt samplers: ``register("my_order", MyPromptSampler)``.
+
+    The factory is called as ``factory(cursor=…, **options)`` (``cursor``: the run's seeded
+    :class:`rlcore.training.prompts.PromptCursor` over the dataset rows, saved in checkpoints; the
+    options: ``prompt_sampler_options`` and the ``--flags`` it declares) and returns an object with
+    ``take(k)`` (the next ``k`` row indices), ``observe(outcomes)`` (``(row index, [reward per
+    completion])`` per scored group), ``metrics()`` (a dict of floats logged each step) and
+    ``state_dict()`` / ``load_state_dict(state)`` (JSON-able, saved in checkpoints). Runs choose one
+    with ``prompt_sampler`` (``--prompt-sampler NAME``); see :mod:`rlcore.training.prompt_sampler`.
+    """
+
+
+@hookspec
 def register_commands(cli: Any) -> None:
     """Add subcommands to the ``rlcore`` command line. ``cli`` is the root :mod:`click` group:
 
@@ -194,6 +208,7 @@ REGISTRATION_HOOKS = (
     "register_samplers",
     "register_datasets",
     "register_tool_parsers",
+    "register_prompt_samplers",
     "register_commands",
 )
 #: registration hook -> component kind
@@ -206,5 +221,6 @@ KIND_OF_HOOK = {
     "register_samplers": "sampler",
     "register_datasets": "dataset",
     "register_tool_parsers": "tool_parser",
+    "register_prompt_samplers": "prompt_sampler",
 }
 KINDS = tuple(KIND_OF_HOOK.values())

@@ -39,6 +39,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlcore.algorithms.plugin",
     "rlcore.rewards",
     "rlcore.tasks",
+    "rlcore.training.prompt_sampler",
 )
 
 #: the entry-point group where a plugin distribution declares the component names it registers

@@ -476,7 +476,7 @@ def _scheduler_factory(rest: Sequence[str], file_values: dict[str, Any]) -> Any:
 
 
 #: the component kinds a run's leftover flags may reach (env: through its scheduler's env_kwargs)
-OPTION_KINDS = ("scheduler", "sampler", "env", "reward", "loss", "advantage")
+OPTION_KINDS = ("scheduler", "sampler", "env", "reward", "loss", "advantage", "prompt_sampler")
 
 
 def option_targets(args: Any, scheduler_options: dict[str, Any] | None = None) -> dict[str, tuple[str, str, Any]]:
@@ -488,7 +488,8 @@ def option_targets(args: Any, scheduler_options: dict[str, Any] | None = None) -
     from .rollout.options import component_parameters
 
     chosen = [("scheduler", args.scheduler), ("sampler", args.sampler), ("loss", args.effective_loss_type),
-              ("advantage", args.advantage)] + [("reward", name) for name in (args.reward_funcs or [])]
+              ("advantage", args.advantage), ("prompt_sampler", args.prompt_sampler)] + \
+        [("reward", name) for name in (args.reward_funcs or [])]
     env = chosen_env(get("scheduler", args.scheduler), scheduler_options or {})
     if env is not None:
         chosen.append(("env", env[0]))
@@ -533,6 +534,7 @@ def apply_component_options(args: Any, options: dict[str, Any]) -> None:
     args.sampler_options = {**(args.sampler_options or {}), **options.get("sampler", {})}
     args.loss_options = {**(args.loss_options or {}), **options.get("loss", {})}
     args.advantage_options = {**(args.advantage_options or {}), **options.get("advantage", {})}
+    args.prompt_sampler_options = {**(args.prompt_sampler_options or {}), **options.get("prompt_sampler", {})}
     if options.get("reward"):
         merged = dict(args.reward_options or {})
         for name, opts in options["reward"].items():

@@ -64,6 +64,7 @@ from .training.data_parallel import (
 )
 from .training.model_options import cast_lm_head_to_fp32, router_aux
 from .training.prompts import PromptCursor, as_rows, check_columns, make_prompt
+from .training.prompt_sampler import make_prompt_sampler
 from .training.health import RunHealth
 from .training.metrics import MetricAccumulator, append_jsonl, rollout_metrics, truncate_jsonl
 from .training.plots import write_plots
@@ -237,6 +238,9 @@ class GRPOTrainer(Trainer):
 
         # --- run state -------------------------------------------------------------------------
         self.cursor = PromptCursor(len(self.rows), seed=args.seed, shuffle=args.shuffle_dataset)
+        # which rows each generation draws (prompt_sampler: uniform = the cursor as it is)
+        self.prompt_sampler = make_prompt_sampler(args.prompt_sampler, self.cursor, args.prompt_sampler_options)
+        self._prompt_rows: dict[str, int] = {}  # group id of a drawn prompt -> its row, until scored
         self._buffer: list[dict[str, Any]] = []
         self._train_metrics = MetricAccumulator()
         self._gen_metrics: dict[str, float] = {}
@@ -290,10 +294,27 @@ class GRPOTrainer(Trainer):
         """This process's prompts of the next generation batch. Every data-parallel rank walks the
         same seeded order and keeps every ``world_size``-th prompt (whole groups, so group-relative
         advantages see complete groups)."""
-        idx = self.cursor.take(self.args.prompts_per_generation)
+        idx = self.prompt_sampler.take(self.args.prompts_per_generation)
         idx = idx[int(self.args.process_index) :: max(1, int(self.args.world_size))]
-        return [make_prompt(self.rows[i], self.processing_class, self.has_prompt, self.prompt_column,
-                            self.args.max_prompt_length, self.system_prompt) for i in idx]
+        prompts = [make_prompt(self.rows[i], self.processing_class, self.has_prompt, self.prompt_column,
+                               self.args.max_prompt_length, self.system_prompt) for i in idx]
+        self._prompt_rows.update((p.group_id, i) for p, i in zip(prompts, idx))
+        return prompts
+
+    def _observe_prompts(self, trajs: Sequence[Trajectory]) -> None:
+        """Tell the prompt sampler how each drawn prompt's group scored (every rank's groups, in rank
+        order, so each rank's sampler keeps the same history and draws the same prompts)."""
+        from .training.data_parallel import gather_objects
+
+        if self.args.prompt_sampler == "uniform":  # nothing to learn from scores: no collective per generation
+            self._prompt_rows.clear()
+            return
+        groups: dict[str, list[float | None]] = {}
+        for t in trajs:
+            if t.group_id in self._prompt_rows:
+                groups.setdefault(t.group_id, []).append(None if t.status == "failed" else t.reward)
+        mine = [(self._prompt_rows.pop(g), rewards) for g, rewards in groups.items()]
+        self.prompt_sampler.observe([o for part in gather_objects(mine) for o in part])
 
     def sync_weights(self) -> None:
         """Make the sampler generate with the current policy (:func:`rlcore.loop.sync_weights`: a
@@ -444,6 +465,7 @@ class GRPOTrainer(Trainer):
         trajs = self.rollout(prompts)
         t_rollout = time.perf_counter() - t0
         adv, columns, stats = self._score(trajs)
+        self._observe_prompts(trajs)
         adv_list = advantage_list(adv)
         # failed (and, if asked, truncated) trajectories do not train
         batch = pack(trajs, adv_list, self.pad_token_id, mask_truncated=self.args.mask_truncated_completions,
@@ -453,6 +475,7 @@ class GRPOTrainer(Trainer):
         whole = self.whole_batch  # every rank's batch: metrics and the health verdict speak for the run
         self._gen_metrics = rollout_metrics(whole.trajectories, whole.columns, stats.zero_std_frac)
         self._gen_metrics.update(getattr(self, "_reward_errors", {}))
+        self._gen_metrics.update(self.prompt_sampler.metrics())  # prompt_sampler/skipped … (uniform: none)
         self._gen_metrics["invariant_violations"] = float(getattr(self, "_invariant_failures", 0))
         self._gen_metrics["invariant_check_time"] = float(getattr(self, "_invariant_check_s", 0.0))
         self.health.check(whole.trajectories)  # raises RunFailedError on a dead run (on every rank alike)
@@ -778,6 +801,8 @@ class GRPOTrainer(Trainer):
             self.sampler.set_rng_state(state["sampler_rng"])
         if "cursor" in state:
             self.cursor.load_state_dict(state["cursor"])
+        if (state.get("prompt_sampler") or {}).get("name") == self.args.prompt_sampler:
+            self.prompt_sampler.load_state_dict(state["prompt_sampler"]["state"])
         self._generations = int(state.get("generations", 0))
         self._gen_metrics = dict(state.get("gen_metrics", {}))
         if self.entropy_bonus is not None and self.entropy_bonus.adaptive and state.get("entropy_control") is not None:
@@ -801,6 +826,7 @@ class GRPOTrainer(Trainer):
             state = {
                 "global_step": self.state.global_step,
                 "cursor": self.cursor.state_dict(),
+                "prompt_sampler": {"name": self.args.prompt_sampler, "state": self.prompt_sampler.state_dict()},
                 "generations": self._generations,
                 "gen_metrics": self._gen_metrics,
                 "run_id": getattr(self, "run_id", None),

@@ -105,7 +105,7 @@ def factory_parameters(factory: Callable[..., Any]) -> dict[str, inspect.Paramet
 
 
 #: per kind, parameters that are wiring rather than options
-_WIRING: dict[str, set[str]] = {"advantage": {"config"}}
+_WIRING: dict[str, set[str]] = {"advantage": {"config"}, "prompt_sampler": {"cursor"}}
 
 
 def component_parameters(kind: str, factory: Callable[..., Any]) -> dict[str, inspect.Parameter]:

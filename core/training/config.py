@@ -24,7 +24,8 @@ from .trl_fields import check_refused
 
 SCALE_REWARDS = ("group", "batch", "none")
 IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-_DICT_FIELDS = ("scheduler_options", "sampler_options", "env_options", "reward_options", "loss_options", "advantage_options")
+_DICT_FIELDS = ("scheduler_options", "sampler_options", "env_options", "reward_options", "loss_options", "advantage_options",
+                "prompt_sampler_options")
 #: rlcore 0.1 fields now declared by the component that reads them: old field -> (advantage, option)
 _MOVED_TO_ADVANTAGE = {"gigpo_gamma": ("gigpo", "gamma"), "gigpo_step_weight": ("gigpo", "step_weight")}
 
@@ -104,6 +105,8 @@ class GRPOConfig(TrainingArguments):
     advantage: str = field(default="grpo", metadata={"help": "Advantage estimator: grpo, rloo, reinforce_plus_plus, gigpo …"})
     reward_funcs: list[str] | None = field(default=None, metadata={"help": "Reward names (rlcore components reward)."})
     max_turns: int | None = field(default=None, metadata={"help": "Turns per trajectory (default: the scheduler's)."})
+    prompt_sampler: str = field(default="uniform", metadata={"help": "Which prompts each generation rolls out: uniform (every row once per epoch, in the seeded order) or difficulty (skip or down-weight prompts whose last window groups all scored one same reward), or a registered prompt_sampler (rlcore components prompt_sampler)."})
+    prompt_sampler_options: dict | str | None = field(default=None, metadata={"help": "JSON dict of the prompt sampler's options (difficulty: window, mode, min_weight)."})
     tool_parser: str = field(default="auto", metadata={"help": "How a tool scheduler finds the model's tool calls: auto (the format of the chat template's model family: hermes, qwen3_xml, llama3_json, gptoss, or the tokenizer's response schema) or a registered tool_parser (rlcore components tool_parser)."})
     observers: list[str] | None = field(default=None, metadata={"help": "Installed observer plugins that watch rollouts (logged only, never trained on)."})
     scheduler_options: dict | str | None = field(default=None, metadata={"help": "JSON dict of scheduler options."})
@@ -561,6 +564,7 @@ def validate_components(cfg: GRPOConfig, extra_rewards: int = 0, environment_rew
         p.get("reward", name)
     for name in cfg.observers or []:  # an observer is named like a component: a typo is one line, nothing loaded
         p.observer(name)
+    p.get("prompt_sampler", cfg.prompt_sampler)
     if cfg.tool_parser != "auto":
         p.component("tool_parser", cfg.tool_parser)
     check_component_options(cfg)
@@ -584,7 +588,8 @@ def check_component_options(cfg: GRPOConfig) -> None:
 
     checks = [("loss", cfg.effective_loss_type, cfg.loss_options, "loss_options"),
               ("advantage", cfg.advantage, cfg.advantage_options, "advantage_options"),
-              ("scheduler", cfg.scheduler, cfg.scheduler_options, "scheduler_options")]
+              ("scheduler", cfg.scheduler, cfg.scheduler_options, "scheduler_options"),
+              ("prompt_sampler", cfg.prompt_sampler, cfg.prompt_sampler_options, "prompt_sampler_options")]
     for name, opts in (cfg.reward_options or {}).items():
         if name in (cfg.reward_funcs or []) and isinstance(opts, dict):  # options reach Reward classes only
             checks.append(("reward", name, opts, f"reward_options[{name!r}]"))

@@ -55,6 +55,7 @@ from .training.components import (
     make_sampler,
     make_scheduler,
     reference_model,
+    teacher_model,
     sampling_params,
 )
 from .training.agents import environment_reward_types, environment_rewards, placeholder_rows, trl_agent_options
@@ -199,6 +200,7 @@ class GRPOTrainer(Trainer):
         self.ref_model = reference_model(model, args)
         if args.cast_lm_head_to_fp32 and self.ref_model is not None:
             cast_lm_head_to_fp32(self.ref_model)
+        self.teacher_model = teacher_model(model, args)  # on-policy distillation (loss_type opd / opd_coef)
         self.reward_objects, self.reward_weights = make_rewards(args, extra, reward_processing_classes,
                                                                      allow_none=env_rewards > 0)
         if self.agent.rollout_func is None:  # a rollout_func's extra keys become columns only at run time
@@ -231,6 +233,8 @@ class GRPOTrainer(Trainer):
             self.reward_weights[reward.name] = 1.0
         if self.ref_model is not None:
             self.ref_model.to(self.args.device)
+        if self.teacher_model is not None:
+            self.teacher_model.to(self.args.device)
         if args.sync_ref_model:
             if self.ref_model is None:
                 raise ConfigError("sync_ref_model needs a separate reference model: set beta > 0 and train without LoRA")
@@ -605,6 +609,8 @@ class GRPOTrainer(Trainer):
                 batch = pad_to_multiple(pack(trajs, adv_list, self.pad_token_id, device=a.device), self._pad_multiple,
                                         self.pad_token_id)
                 tokens = float(batch.completion_mask.sum())
+                if self.teacher_model is not None:  # on-policy distillation's term in the eval loss too
+                    batch.teacher_logps = self._logps_in_chunks(self.teacher_model, batch, max(1, a.per_device_train_batch_size))
                 with torch.no_grad():
                     forward["loss"] = float(self.compute_loss(self.model, {"batch": batch, "num_items": tokens}))
                 forward.update(self._train_metrics.pop())  # entropy, clip ratios … of the eval forward pass
@@ -642,6 +648,8 @@ class GRPOTrainer(Trainer):
             else:  # LoRA: the base model is the reference
                 with self.accelerator.unwrap_model(self.model).disable_adapter():
                     batch.ref_logps = self._logps_in_chunks(self.model, batch, mb)
+        if self.teacher_model is not None:  # on-policy distillation: the teacher's logprobs of the sampled tokens
+            batch.teacher_logps = self._logps_in_chunks(self.teacher_model, batch, mb)
 
     def _logps_in_chunks(self, model: Any, batch: Batch, size: int) -> torch.Tensor:
         return batch_logprobs(model, batch, temperature=self.args.temperature, chunk_size=self.args.logprob_chunk_size,

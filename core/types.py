@@ -372,6 +372,7 @@ class Batch:
     is_valid: Any  # BoolTensor [B]: logprobs complete -> IS correction allowed
     old_logps: Any = None
     ref_logps: Any = None
+    teacher_logps: Any = None  # FloatTensor [B, T]: the teacher's logprobs (on-policy distillation)
 
     @property
     def size(self) -> int:

@@ -79,6 +79,7 @@ class LossConfig:
     importance_sampling_level: str = "token"
     use_bias_correction_kl: bool = True
     off_policy_mask_threshold: float | None = None
+    opd_coef: float = 0.0
     options: dict[str, Any] = attrs.field(factory=dict)
 
     def __init__(self, options: Mapping[str, Any] | None = None, **values: Any) -> None:
@@ -140,7 +141,7 @@ def loss_options(args: Any, loss: Any = None) -> dict[str, Any]:
 
 #: losses whose batch value is a mean over active tokens (bnpo's own, or TRL's generation-batch
 #: normaliser); the others average over sequences — what decides how ranks' values combine
-TOKEN_NORMALISED = ("bnpo", "dapo", "cispo", "vespo")
+TOKEN_NORMALISED = ("bnpo", "dapo", "cispo", "vespo", "opd")
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
@@ -329,6 +330,49 @@ cispo_loss = _make("cispo")
 sapo_loss = _make("sapo", SAPO_OPTIONS)
 luspo_loss = _make("luspo")
 vespo_loss = _make("vespo", VESPO_OPTIONS)
+
+def opd_term(logps: torch.Tensor, teacher_logps: torch.Tensor, mask: torch.Tensor,
+             rollout_logps: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
+    """On-policy distillation on the sampled tokens (TRL 1.16 ``trl/experimental/iw_opd/iw_opd_trainer.py``
+    ``_compute_iw_opd_loss`` with ``iw_opd_gamma`` 0, the plain estimator): a detached per-token
+    advantage ``A = log p_teacher(t) - log p_rollout(t)`` (minus the reverse KL's estimate; the rollout
+    policy's logprobs are ``rollout_logps``, else the student's own), loss ``-log p_student(t) × A``
+    summed over the active tokens / their number. Its gradient is the score-function gradient of
+    ``KL(student || teacher)`` on the student's own samples. Returns the loss and the mean per-token
+    reverse KL ``log p_student - log p_teacher`` (``opd/reverse_kl``)."""
+    m = mask.to(logps.dtype)
+    rollout = logps if rollout_logps is None else rollout_logps
+    adv = ((teacher_logps - rollout) * m).detach()
+    n = m.sum().clamp(min=1.0)
+    loss = (-logps * adv * m).sum() / n
+    reverse_kl = float(((logps.detach() - teacher_logps) * m).sum() / n)
+    return loss, reverse_kl
+
+
+def opd_loss(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor | None,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    ref_logps: torch.Tensor | None = None,
+    sampler_logps: torch.Tensor | None = None,
+    is_valid: torch.Tensor | None = None,
+    config: Any,
+    teacher_logps: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The ``opd`` loss: on-policy distillation alone (:func:`opd_term`; the advantages are not used).
+    It needs the teacher's logprobs of the batch (``teacher_model``)."""
+    if teacher_logps is None:
+        from ..errors import ConfigError
+
+        raise ConfigError("loss_type='opd' needs a teacher: set teacher_model (a path, hub id or .gguf file; rlcore.loop.Policy: teacher=)")
+    loss, rkl = opd_term(logps, teacher_logps, mask, old_logps)
+    return loss, {"opd/reverse_kl": rkl}
+
+
+opd_loss.uses_teacher = True  # type: ignore[attr-defined]  # batch_loss hands it teacher_logps
+setattr(opd_loss, OPTIONS_ATTR, {})
 
 #: every built-in loss's declared default (what a bare ``LossConfig()`` answers for them)
 _BUILTIN_DEFAULTS: dict[str, Any] = {**SAPO_OPTIONS, **VESPO_OPTIONS}

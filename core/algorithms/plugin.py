@@ -9,7 +9,7 @@ from typing import Callable
 
 from ..hookspecs import hookimpl
 
-_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo", "luspo", "vespo")
+_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo", "luspo", "vespo", "opd")
 
 
 @hookimpl

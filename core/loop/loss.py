@@ -15,6 +15,7 @@ import torch
 
 from ..algorithms.entropy import EntropyBonus, entropy_bonus_term
 from ..algorithms.logprobs import completion_logprobs
+from ..algorithms.losses import opd_term
 from ..types import Batch, Trajectory
 
 
@@ -102,7 +103,7 @@ def pad_to_multiple(batch: Batch, multiple: int | None, pad_token_id: int) -> Ba
     return attrs.evolve(batch, input_ids=out, attention_mask=grow(batch.attention_mask, 0),
                         completion_mask=grow(batch.completion_mask, 0.0), advantages=grow(batch.advantages, 0.0),
                         sampler_logps=grow(batch.sampler_logps, 0.0), old_logps=grow(batch.old_logps, 0.0),
-                        ref_logps=grow(batch.ref_logps, 0.0))
+                        ref_logps=grow(batch.ref_logps, 0.0), teacher_logps=grow(batch.teacher_logps, 0.0))
 
 
 @torch.no_grad()
@@ -155,12 +156,22 @@ def batch_loss(model: Any, batch: Batch, loss_fn: Any, config: Any, *, temperatu
     loss_mask = batch.completion_mask
     if top_entropy_quantile < 1.0:
         loss_mask = loss_mask * high_entropy_mask(entropy.detach(), loss_mask, 1.0 - top_entropy_quantile)
+    teacher = {"teacher_logps": batch.teacher_logps} if getattr(loss_fn, "uses_teacher", False) else {}
     loss, metrics = loss_fn(
         logps, batch.old_logps, batch.advantages, loss_mask,
         ref_logps=batch.ref_logps,
         sampler_logps=batch.sampler_logps if use_sampler_logps or getattr(config, "off_policy_mask_threshold", None) is not None else None,
-        is_valid=batch.is_valid, config=config,
+        is_valid=batch.is_valid, config=config, **teacher,
     )
+    opd_coef = float(getattr(config, "opd_coef", 0.0) or 0.0)
+    if opd_coef > 0.0 and not teacher:  # on-policy distillation beside an RL loss: loss + opd_coef × opd term
+        if batch.teacher_logps is None:
+            from ..errors import ConfigError
+
+            raise ConfigError("opd_coef > 0 needs a teacher: set teacher_model (a path, hub id or .gguf file; rlcore.loop.Policy: teacher=)")
+        term, rkl = opd_term(logps, batch.teacher_logps, loss_mask, batch.old_logps)
+        loss = loss + opd_coef * term
+        metrics = {**metrics, "opd/reverse_kl": rkl}
     if entropy_bonus is not None:
         h_mean, h_sum, h_count = entropy_bonus_term(entropy, loss_mask)
         if coef != 0.0:

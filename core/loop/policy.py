@@ -58,6 +58,9 @@ class Policy:
         remote_group: the device group to build it on (see :func:`rlcore.distributed.initialize`).
         reference: ``"auto"`` keeps a frozen copy for the KL term when ``beta`` > 0 (LoRA: the base
             model with adapters off), a module to use as the reference, or ``None``.
+        teacher: on-policy distillation's teacher (a path, hub id, .gguf file or module with the
+            policy's vocabulary; frozen): its logprobs of every batch's tokens feed ``loss="opd"`` or
+            ``opd_coef=`` beside another loss (``opd/reverse_kl`` in the metrics).
         **loss_options: the loss knobs (``epsilon``, ``epsilon_high``, ``beta``, ``delta``,
             ``is_correction`` …, the fields of :class:`~rlcore.algorithms.losses.LossConfig`).
     """
@@ -105,6 +108,7 @@ class Policy:
         cast_lm_head_to_fp32: bool = False,
         router_aux_loss_coef: float | None = None,
         reference: Any = "auto",
+        teacher: Any = None,
         device: Any = None,
         disable_dropout: bool = True,
         **loss_options: Any,
@@ -152,6 +156,13 @@ class Policy:
         self.ref_model = self._reference(reference)
         if cast_lm_head_to_fp32 and self.ref_model is not None:
             _fp32_head(self.ref_model)
+        # on-policy distillation (loss="opd", or opd_coef= beside another loss): a path, hub id, .gguf or module
+        from ..training.components import teacher_model as _teacher
+
+        self.teacher_model = _teacher(model, types.SimpleNamespace(teacher_model=teacher, trust_remote_code=False,
+                                                                   model_init_kwargs=None))
+        if self.teacher_model is not None:
+            self.teacher_model.to(self.device)
         self.optimizer = _adamw(model, learning_rate, weight_decay, (adam_beta1, adam_beta2), adam_epsilon)
         from transformers import get_scheduler
 
@@ -202,6 +213,9 @@ class Policy:
             batch.ref_logps = ref_logps.to(self.device)
         if float(self.loss_options.get("beta", 0.0) or 0.0) != 0.0 and batch.ref_logps is None:
             batch.ref_logps = self.ref_logprobs(batch)
+        if self.teacher_model is not None and batch.teacher_logps is None:  # on-policy distillation
+            batch.teacher_logps = batch_logprobs(self.teacher_model, batch, temperature=self.temperature,
+                                                 chunk_size=self.logprob_chunk_size)
         self.model.train()
         loss, metrics = batch_loss(
             self.model, batch, self.loss_fn, self.loss_config(num_items), temperature=self.temperature,

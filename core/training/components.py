@@ -169,6 +169,41 @@ def reference_model(model: Any, args: GRPOConfig) -> Any:
     return ref
 
 
+def teacher_model(model: Any, args: GRPOConfig) -> Any:
+    """The frozen on-policy distillation teacher ``args.teacher_model`` (a path, hub id, .gguf file or
+    module), loaded once like the policy (``model_init_kwargs``, ``trust_remote_code``); ``None``
+    without one. Its output vocabulary must be the policy's: the two score the same token ids."""
+    source = getattr(args, "teacher_model", None)
+    if source is None:
+        return None
+    kwargs: dict[str, Any] = {"dtype": "auto", "trust_remote_code": args.trust_remote_code, **(args.model_init_kwargs or {})}
+    kwargs.pop("quantization_config", None)  # the policy's; the teacher loads in its own dtype
+    teacher = source if not isinstance(source, str) else \
+        from_pretrained(_auto_lm(), resolve_model(source), "teacher_model", **kwargs)
+    ours, theirs = _vocab_size(model), _vocab_size(teacher)
+    if ours != theirs:
+        raise ConfigError(f"teacher_model {source if isinstance(source, str) else type(source).__name__!r} has a vocabulary "
+                          f"of {theirs} tokens, the policy {ours}: on-policy distillation scores the same token ids — "
+                          "use a teacher with the policy's tokenizer")
+    teacher.eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    return teacher
+
+
+def _auto_lm() -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM
+
+
+def _vocab_size(model: Any) -> int:
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None and getattr(head, "weight", None) is not None:
+        return int(head.weight.shape[0])
+    return int(model.config.vocab_size)
+
+
 #: TRL/transformers generation_kwargs names -> SamplingParams fields
 _GEN_ALIASES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "stop_strings": "stop",
                 "eos_token_id": "stop_token_ids"}

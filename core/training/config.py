@@ -66,12 +66,14 @@ class GRPOConfig(TrainingArguments):
     disable_dropout: bool = field(default=False, metadata={"help": "Set every dropout probability of the policy (and reference) to 0."})
 
     # --- loss (TRL names) --------------------------------------------------------------------------
-    loss_type: str = field(default="dapo", metadata={"help": "grpo, bnpo, dr_grpo, dapo, gspo, cispo, sapo or a plugin's loss."})
+    loss_type: str = field(default="dapo", metadata={"help": "grpo, bnpo, dr_grpo, dapo, gspo, cispo, sapo, opd (on-policy distillation from teacher_model) or a plugin's loss."})
     importance_sampling_level: str = field(default="token", metadata={"help": "token, or sequence (GSPO ratios; loss_type grpo becomes gspo)."})
     epsilon: float = field(default=0.2, metadata={"help": "Lower clip range."})
     epsilon_high: float | None = field(default=None, metadata={"help": "Upper clip range (default: epsilon; DAPO uses 0.28, CISPO 5.0)."})
     delta: float | None = field(default=None, metadata={"help": "Two-sided clipping: cap the unclipped ratio at delta."})
     beta: float = field(default=0.0, metadata={"help": "KL coefficient (k3) to the reference model; 0 loads no reference model."})
+    teacher_model: str | None = field(default=None, metadata={"help": "On-policy distillation teacher (a path, hub id or .gguf file; the tokenizer's vocabulary): its logprobs of the sampled tokens, for loss_type='opd' or opd_coef > 0."})
+    opd_coef: float = field(default=0.0, metadata={"help": "Weight of the on-policy distillation term (reverse KL to teacher_model on the sampled tokens) added to any loss_type: loss = policy loss + opd_coef × opd term."})
     num_iterations: int = field(default=1, metadata={"help": "Passes (μ) over each generation batch."})
     scale_rewards: str = field(default="group", metadata={"help": "Advantage scaling: group, batch or none (True = group, False = none, as in TRL)."})
     reward_weights: list[float] | None = field(default=None, metadata={"help": "One weight per reward (default 1 each)."})
@@ -510,6 +512,7 @@ def check_values(cfg: GRPOConfig) -> None:
         raise ConfigError("epsilon and epsilon_high must be >= 0")
     if cfg.beta < 0:
         raise ConfigError(f"beta must be >= 0, got {cfg.beta}")
+    check_opd(cfg)
     if not cfg.learning_rate >= 0 or math.isinf(cfg.learning_rate):
         raise ConfigError(f"learning_rate must be a finite number >= 0, got {cfg.learning_rate}")
     check_output_dir(cfg.output_dir)
@@ -520,6 +523,22 @@ def check_values(cfg: GRPOConfig) -> None:
     if cfg.max_turns is not None and cfg.max_turns < 1:
         raise ConfigError(f"max_turns must be at least 1, got {cfg.max_turns}")
     check_trl_options(cfg)
+
+
+def check_opd(cfg: GRPOConfig) -> None:
+    """On-policy distillation: ``loss_type='opd'`` or ``opd_coef`` > 0 needs ``teacher_model``, and a
+    teacher is used by one of them (one line each)."""
+    c = cfg.opd_coef
+    if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 <= c < math.inf:
+        raise ConfigError(f"opd_coef must be a finite number >= 0, got {c!r}")
+    uses = cfg.loss_type == "opd" or c > 0
+    if uses and not cfg.teacher_model:
+        raise ConfigError(f"{'loss_type=opd' if cfg.loss_type == 'opd' else 'opd_coef > 0'} distils from a teacher: "
+                          "set teacher_model (a path, hub id or .gguf file sharing the tokenizer's vocabulary)")
+    if cfg.teacher_model and not uses:
+        raise ConfigError(f"teacher_model={cfg.teacher_model!r} is set but nothing uses it: set loss_type=opd or opd_coef > 0")
+    if cfg.loss_type == "opd" and c > 0:
+        raise ConfigError("loss_type=opd is the distillation loss alone; opd_coef weights it beside another loss_type — use one")
 
 
 VLLM_MODEL_IMPLS = ("vllm", "transformers", "auto", "terratorch")  # vLLM 0.33 ModelConfig.model_impl

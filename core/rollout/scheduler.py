@@ -302,8 +302,16 @@ class RolloutScheduler(SwiftHelpers):
             if not trajectory.turns:
                 sync_prompt(tok, trajectory, self.tools_for(trajectory))
             st = TokenStream.start(tok, trajectory, self.tools_for(trajectory))
+            st.reader = self.reply_reader(trajectory)
             self._streams[trajectory.uuid] = st
         return st
+
+    def reply_reader(self, trajectory: Trajectory) -> Any:
+        """``text -> assistant message with tool_calls`` (or None) for a scheduler whose replies
+        may be tool calls: the stream records such a reply in that form where the template
+        renders tool calls from the message's fields (see :class:`~rlcore.rollout.tools.ToolScheduler`).
+        None here: replies are their text."""
+        return None
 
     def release(self, trajectory: Trajectory) -> None:
         """Forget the per-trajectory stream state (the driver calls this when a trajectory ends)."""

@@ -23,6 +23,7 @@ must be its tokens, and a closing token (eos) inside a message that goes on is r
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import attrs
@@ -60,6 +61,9 @@ class TokenStream:
     base_content: str | None = ""
     #: the exact tokens of each closed assistant message, by message index (checks token-backed messages)
     closed_ids: dict[int, list[int]] = attrs.field(factory=dict)
+    #: reply text -> the assistant message it is as a tool-call message (``content`` + ``tool_calls``),
+    #: or None: given by a scheduler that runs tools (:meth:`RolloutScheduler.reply_reader`)
+    reader: Any = None
 
     @classmethod
     def start(cls, tokenizer: Any, trajectory: Trajectory, tools: list[dict[str, Any]] | None = None) -> "TokenStream":
@@ -227,7 +231,16 @@ class TokenStream:
         text: str | None = None
         problem: tk.ChatTemplateError | None = None
         if mode != "per_turn":
-            text, problem = tk.appended_text(self.tokenizer, synced, new, streamed, tools=self.tools, head=head, after=after)
+            # a reply with tool calls answered by tool messages: recorded as the tool-call message
+            # (content + tool_calls) where the template then appends exactly, so the template
+            # renders the calls and their answers as its family does; else as its text
+            called = self._as_tool_call(trajectory, last, new, streamed, head) \
+                if assistant_open and any(m.get("role") == "tool" for m in new) else None
+            if called is not None:
+                text, after = called
+            else:
+                text, problem = tk.appended_text(self.tokenizer, synced, new, streamed, tools=self.tools, head=head,
+                                                 after=after)
         if problem is not None and mode == "append":
             raise problem
         self.head = (len(synced) + len(new), after)
@@ -308,6 +321,35 @@ class TokenStream:
             trajectory.infos["token_backed_edits"] = int(trajectory.infos.get("token_backed_edits", 0)) + 1
         self.synced[-1] = {**self.synced[-1], "content": text}
         return text
+
+    def _as_tool_call(self, trajectory: Trajectory, last: int, new: list[dict[str, Any]], streamed: str,
+                      head: str) -> tuple[str, str] | None:
+        """The reply (the open assistant message, ``last``) read by :attr:`reader` as a tool-call
+        message, when the conversation with it in that form appends exactly: ``(the text to
+        append, the rendering after it)``; the message is then kept in that form. Else None."""
+        content = self.synced[last].get("content")
+        message = self.reader(content) if self.reader is not None and isinstance(content, str) else None
+        if not message or not message.get("tool_calls"):
+            return None
+        as_text = {**message, "tool_calls": [{**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"])}}
+                                             for c in message["tool_calls"]]}  # DeepSeek-V3 takes the arguments as JSON text
+        for candidate in (message, as_text):
+            synced = [*self.synced[:last], {**candidate, "role": "assistant"}]
+            try:
+                # the template must render the message as the reply was sampled, not only close it
+                if not tk.render(self.tokenizer, synced, tools=self.tools).startswith(head + content):
+                    continue
+                after = tk.render(self.tokenizer, synced + list(new), add_generation_prompt=True, tools=self.tools)
+                text, problem = tk.appended_text(self.tokenizer, synced, new, streamed, tools=self.tools, head=head,
+                                                 after=after)
+            except tk.ChatTemplateError:
+                continue
+            if problem is None and text is not None:
+                self.synced[last] = synced[last]
+                if len(trajectory.messages) > last and trajectory.messages[last].get("role") == "assistant":
+                    trajectory.messages[last] = copy.deepcopy(synced[last])
+                return text, after
+        return None
 
     def _edit_assistant(self, trajectory: Trajectory, new_content: str) -> None:
         """Make the open assistant message's tokens spell ``new_content`` (continuation).

@@ -279,6 +279,16 @@ def warn_if_tools_not_rendered(tokenizer: Any, tools: list[dict[str, Any]] | Non
 _TOOLS_CHECKED: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
 
 
+def tool_call_message(calls: list[ToolCall]) -> dict[str, Any] | None:
+    """The assistant message (OpenAI shape: ``tool_calls``) making the well-formed ``calls``; None
+    when there are none. How a template renders tool calls from a message's fields."""
+    good = [c for c in calls if c.error is None]
+    if not good:
+        return None
+    return {"role": "assistant", "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in good]}
+
+
 class ToolScheduler(MultiTurnScheduler):
     """Runs the model's tool calls and feeds back the results until it stops calling tools.
 
@@ -326,6 +336,11 @@ class ToolScheduler(MultiTurnScheduler):
             except ChatTemplateError:
                 prompt = ""
         return run_parser(parser, text, tools=self.tools_for(trajectory), prompt=prompt)
+
+    def reply_reader(self, trajectory: Trajectory) -> Any:
+        """A reply with calls, as the tool-call message a template renders from ``tool_calls``
+        (the stream keeps it in that form only where the conversation then appends exactly)."""
+        return lambda text: tool_call_message(self.parse_calls(trajectory, text))
 
     def on_trajectory_start(self, trajectories: list[Trajectory]) -> None:
         tok = self._require_tokenizer()

@@ -24,6 +24,7 @@ from typing import Any
 import attrs
 from rlcore.errors import EnvError
 from rlcore.rollout import EnvTool, ToolManager, make_tool_parser
+from rlcore.rollout.tools import tool_call_message
 from rlcore.rollout.tool_parsers import check_tool_parser_name
 from rlcore.types import Completion, Trajectory
 
@@ -181,6 +182,14 @@ class OpenEnvToolScheduler(OpenEnvScheduler):
         infos["tool_errors"] = int(infos.get("tool_errors", 0)) + sum(str(r["content"]).startswith("Error:") for r in replies)
         self._pending_tools[infer_request.uuid] = replies
         return {"done": env_tool.done, "reward": float(sum(env_tool.rewards[before:])), "infos": {"env_steps": current_turn}}
+
+    def reply_reader(self, trajectory: Trajectory) -> Any:
+        """A reply with calls as the tool-call message (see ``RolloutScheduler.reply_reader``)."""
+        def read(text: str) -> dict[str, Any] | None:
+            entry = self._tools_by_traj.get(trajectory.uuid)
+            return tool_call_message(entry[1].parse(text)) if entry is not None else None
+
+        return read
 
     def step(self, infer_request: Trajectory, response_choice: Completion, current_turn: int) -> dict[str, Any]:
         infer_request.messages.extend(self._pending_tools.pop(infer_request.uuid, []))

@@ -172,3 +172,30 @@ def test_a_plugin_registers_its_own_prompt_sampler(tmp_path: Any, monkeypatch: p
     t = trainer(str(tmp_path / "p"), prompt_sampler="last_first_t", prompt_sampler_options={"start": 4}, max_steps=2)
     t.train()
     assert t.drawn == [["h1", "h0"], ["e2", "e1"]]
+
+
+def test_two_ranks_draw_what_one_process_draws(tmp_path: Any) -> None:
+    """Data parallel: each rank scores only its share of the groups, yet every rank's sampler learns
+    every group (gathered), so the ranks keep one order — the one a single process draws."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).with_name("dp_prompt_sampler_run.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    got = {}
+    for ranks in (1, 2):
+        out = tmp_path / f"r{ranks}"
+        out.mkdir()
+        launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"] \
+            if ranks > 1 else [sys.executable]
+        proc = subprocess.run([*launch, str(script), str(out), str(4 // ranks)], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        got[ranks] = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(ranks)]
+    one, (r0, r1) = got[1][0], got[2]
+    assert r0["world_size"] == 2 and r0["drawn"] == r1["drawn"] == one["drawn"]
+    assert r0["state"] == r1["state"] == one["state"]
+    easy = [i for batch in one["drawn"] for i in batch if i < 4]
+    assert one["state"]["history"] and easy and len(easy) == len(set(easy)), one["drawn"]  # solved once: never again

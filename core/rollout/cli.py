@@ -278,7 +278,7 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
         from ..chat_template import prepare_multi_turn
 
         # the run's template set up as the trainer sets it up (a family's training template, …)
-        multi_turn_note = prepare_multi_turn(tokenizer, opts["multi_turn_mode"], chat_template=opts["chat_template"])
+        multi_turn_note = prepare_multi_turn(tokenizer, opts.get("multi_turn_mode") or "auto", chat_template=opts.get("chat_template"))
         check_renders_in_time(tokenizer)  # a template that loops forever is one line, not a silent hang
         if opts["max_turns"] is not None:
             sched_opts["max_turns"] = opts["max_turns"]

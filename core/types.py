@@ -120,7 +120,6 @@ class Turn:
         ids = list(token_ids)
         return cls(token_ids=ids, loss_mask=[0] * len(ids), logprobs=[None] * len(ids), role=role, text=text)
 
-
     @classmethod
     def restart(cls, token_ids: Iterable[int], *, messages: int, text: str = "") -> "Turn":
         """A new per-turn sample starts here (``multi_turn_mode`` ``per_turn``/``auto``): its tokens

@@ -104,15 +104,22 @@ def build_app(server: "OpenAICompatServer") -> Any:
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": server.model_name, "object": "model", "owned_by": "rlcore"}]}
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Any:
-        body = await request.json()
-        server.requests.append(body)
+    def refusal(body: dict[str, Any]) -> Any:
+        """An injected fault, or the 404 for another model's name: the answer before any work (None: go on)."""
         if server.faults:
             status = server.faults.pop(0)
             return _error(status, f"injected fault {status}", "ServiceUnavailableError")
         if body.get("model") not in (None, server.model_name):
             return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+        return None
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        body = await request.json()
+        server.requests.append(body)
+        refused = refusal(body)
+        if refused is not None:
+            return refused
         prompts = body.get("prompt")
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -213,11 +220,9 @@ def build_app(server: "OpenAICompatServer") -> Any:
         body = await request.json()
         server.requests.append(body)
         server.request_headers.append(dict(request.headers))
-        if server.faults:
-            status = server.faults.pop(0)
-            return _error(status, f"injected fault {status}", "ServiceUnavailableError")
-        if body.get("model") not in (None, server.model_name):
-            return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+        refused = refusal(body)
+        if refused is not None:
+            return refused
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) and "role" in m for m in messages):
             return _error(400, "messages must be a non-empty list of {role, content} objects")

@@ -236,3 +236,28 @@ def test_policy_entropy_bonus_static_and_adaptive(tiny_model_dir: str, tmp_path:
                                                                              adaptive.entropy_bonus.last_entropy)
     with pytest.raises(ConfigError, match="^entropy_coef_min"):
         Policy(plain.model, plain.tokenizer, entropy_coef_min=0.5, entropy_coef_max=0.1)
+
+
+class _RunsOnUnpickle:
+    """A pickled object whose unpickling writes a file: stands for code in a handed-over checkpoint."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> Any:
+        return (open, (self.marker, "w"))
+
+
+def test_policy_load_refuses_a_state_file_that_would_run_code(policy: Policy, tmp_path: Any) -> None:
+    """``Policy.load`` reads ``policy_state.pt`` with ``weights_only=True``: a state file holding an
+    object that runs code when unpickled is refused with one line, and the code never runs (the old
+    ``weights_only=False`` load created the marker file)."""
+    path = policy.save(tmp_path / "ckpt")
+    marker = tmp_path / "ran"
+    state = torch.load(f"{path}/policy_state.pt", weights_only=True)
+    state["extra"] = _RunsOnUnpickle(str(marker))
+    torch.save(state, f"{path}/policy_state.pt")
+    other = Policy(str(path), loss="grpo", learning_rate=1e-3)
+    with pytest.raises(ConfigError, match=r"policy_state\.pt holds something other than tensors and plain data"):
+        other.load(path)
+    assert not marker.exists()

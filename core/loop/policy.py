@@ -310,7 +310,14 @@ class Policy:
             _load_full(base_model(self.model), path)
         state_path = os.path.join(path, _STATE_FILE)
         if os.path.exists(state_path):
-            state = torch.load(state_path, map_location=self.device, weights_only=False)
+            try:  # tensors and plain data only: a pickle from a checkpoint someone hands you runs no code
+                state = torch.load(state_path, map_location=self.device, weights_only=True)
+            except Exception as exc:  # noqa: BLE001 - the unpickler refused a non-plain object
+                raise ConfigError(
+                    f"Policy.load: {state_path} holds something other than tensors and plain data "
+                    f"({str(exc).splitlines()[0][:160]}); refusing to load it — load the weights from a "
+                    "checkpoint Policy.save wrote, or delete that file to start the optimizer afresh"
+                ) from None
             self.optimizer.load_state_dict(state["optimizer"])
             self.lr_scheduler.load_state_dict(state["lr_scheduler"])
             self.step = int(state["step"])

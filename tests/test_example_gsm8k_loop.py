@@ -10,8 +10,13 @@ import pytest
 import torch
 from rlcore.testing import load_script
 
-REPO_ROOT = Path(__file__).resolve().parents[4]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO_ROOT / "examples" / "gsm8k" / "loop.py"
+
+
+@pytest.fixture
+def rlcore_plugins() -> str:
+    return "rl-plugin-math"  # the example's rewards (gsm8k_accuracy, gsm8k_format)
 
 
 def _loop_module() -> Any:

@@ -9,8 +9,22 @@ from typing import Any
 import pytest
 from rlcore.testing import load_script
 
-REPO_ROOT = Path(__file__).resolve().parents[4]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO_ROOT / "examples" / "gsm8k"
+
+
+@pytest.fixture
+def rlcore_plugins() -> str:
+    return "rl-plugin-math"  # the example's rewards (gsm8k_accuracy, gsm8k_format)
+
+
+@pytest.fixture(scope="module")
+def gsm8k_rows(shared_data: Path) -> list[dict[str, Any]]:
+    """The first eight rows of GSM8K's test split, read from the shared data folder."""
+    path = shared_data / "gsm8k" / "test.jsonl"
+    assert path.is_file(), f"the shared data folder {shared_data} has no gsm8k/test.jsonl"
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f.readlines()[:8]]
 
 
 def _example_module() -> Any:

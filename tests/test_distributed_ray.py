@@ -294,3 +294,44 @@ async def test_killed_sampler_worker_recovers_then_fails_clearly(cluster):
     assert all(t.status == "failed" and "sampler workers are dead" in t.reason for t in result.trajectories)
     with pytest.raises(WorkerFailedError, match="all 2 sampler workers are dead"):
         await pool.generate([1, 2, 3], SamplingParams(max_tokens=2))
+
+
+class SeededAskAgain(SeededScheduler, MultiTurnScheduler):
+    """Three seeded turns: asks again whatever the reply (deterministic on any worker)."""
+
+    default_max_turns = 3
+
+    def check_finished(self, infer_request, response_choice, current_turn):
+        return current_turn >= self.max_turns
+
+    def step(self, infer_request, response_choice, current_turn):
+        infer_request.messages.append({"role": "user", "content": f"again {current_turn}"})
+        return {"infer_request": infer_request}
+
+
+def test_per_turn_samples_train_on_ray_as_in_one_process(cluster, tiny_model_dir, tmp_path):
+    """A chat template that rewrites history (a header counting the messages): every turn is a
+    sample of its own (``multi_turn_mode`` auto). One trainer and two sampler workers on Ray train
+    the same per-turn rows as one process: the same loss, gradient norm and sample counts."""
+    from rlcore.distributed.runner import run_distributed
+    from rlcore.trainer import GRPOTrainer
+    from transformers import AutoTokenizer
+
+    template = tmp_path / "counting.jinja"
+    template.write_text("{{ messages | length }} messages\n" + AutoTokenizer.from_pretrained(tiny_model_dir).chat_template)
+    kw = dict(chat_template=str(template), max_completion_length=4)
+    _, placed, pool = cluster
+    single = GRPOTrainer(tiny_model_dir, reward_funcs=[digit_sum_mod7], args=_grpo_args(tmp_path / "single", **kw),
+                         train_dataset=ROWS, scheduler=SeededAskAgain(), prompt_column="prompt")
+    single.train()
+    ref = [h for h in single.state.log_history if "loss" in h]
+    result = run_distributed(tiny_model_dir, _grpo_args(tmp_path / "ray", **kw), ROWS, _train_config(1),
+                             reward_funcs=[digit_sum_mod7], scheduler=SeededAskAgain(), prompt_column="prompt",
+                             progress=False, samplers=(placed, pool))
+    got = [h for h in result.log_history if "loss" in h]
+    assert len(ref) == len(got) == 2 and ref[0]["grad_norm"] > 0
+    for a, b in zip(ref, got):
+        assert a["num_turns"] == 3 and a["samples"] == a["episodes"] * 3, a  # per-turn rows in both runs
+        assert (b["samples"], b["episodes"], b["failed_trajectories"]) == (a["samples"], a["episodes"], 0)
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-6)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)

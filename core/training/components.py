@@ -268,6 +268,8 @@ def make_scheduler(args: GRPOConfig, sampler: Any, tokenizer: Any, scheduler: An
     if scheduler is not None and not isinstance(scheduler, str):
         if getattr(scheduler, "sampler", None) is None:
             scheduler.sampler = sampler
+        if getattr(scheduler, "tokenizer", None) is None:  # the run's tokenizer (its chat template, its mode),
+            scheduler.tokenizer = tokenizer  # not the sampler's: a remote pool's is the driver's plain copy
         return scheduler
     factory = get_component("scheduler", scheduler or args.scheduler)
     env_opts = _scheduler_env_options(factory, args.env_options or {})

@@ -208,16 +208,28 @@ class Trajectory:
         that is not prefix-preserving, ``multi_turn_mode``), one view per sample: its prompt the exact
         tokens the sampler was given, its turns what followed up to the next sample, its messages the
         conversation up to its last assistant message. Views share the episode's uuid, group,
-        rewards and data (one episode, one advantage); the last keeps the episode's status."""
+        rewards and data (one episode, one advantage); the last keeps the episode's status.
+
+        A sample whose conversation is not the episode's final one (an agent that rewrote its
+        history: the new sample renders messages the earlier ones never had) finds its own in
+        ``infos["sample_messages"][k]`` (``None`` or absent: the final ``messages``)."""
         cuts = [i for i, t in enumerate(self.turns) if t.is_restart]
         if not cuts:
             return [self]
         out: list[Trajectory] = []
         starts = [-1] + cuts
+        own = self.infos.get("sample_messages")
+
+        def conversation(k: int) -> list[dict[str, Any]]:
+            mine = own[k] if isinstance(own, list) and k < len(own) else None
+            return mine if isinstance(mine, list) else self.messages
+
         for k, c in enumerate(starts):
             stop = starts[k + 1] if k + 1 < len(starts) else len(self.turns)
             turns = self.turns[c + 1:stop]
             infos = dict(self.infos)
+            infos.pop("sample_messages", None)
+            msgs = conversation(k)
             if c < 0:
                 prompt = list(self.prompt_ids)
                 first = None
@@ -227,16 +239,17 @@ class Trajectory:
                 infos["prompt_messages"] = first
                 infos.pop("prompt_truncated", None)
             if k + 1 < len(starts):  # up to the last assistant message this sample holds
-                upto = int(self.turns[stop].messages or 0)
-                while upto > 0 and (self.messages[upto - 1].get("role") if upto <= len(self.messages) else None) != "assistant":
+                # the next sample's prompt length counts in this one's conversation only when they share it
+                upto = int(self.turns[stop].messages or 0) if conversation(k + 1) == msgs else len(msgs)
+                while upto > 0 and (msgs[upto - 1].get("role") if upto <= len(msgs) else None) != "assistant":
                     upto -= 1
-                messages = self.messages[:upto]
+                messages = msgs[:upto]
                 last = next((t for t in reversed(turns) if any(t.loss_mask)), None)
                 status = "failed" if self.status == "failed" else (
                     "truncated" if last is not None and last.finish_reason == "length" else "ok")
                 reason = self.reason if self.status == "failed" else None
             else:
-                messages, status, reason = list(self.messages), self.status, self.reason
+                messages, status, reason = list(msgs), self.status, self.reason
             trained = infos.get("trained_messages")
             if isinstance(trained, list):
                 lo = first if first is not None else -1

@@ -151,7 +151,8 @@ def assert_rows_are_sampler_calls(trajectories: Sequence[Any], records: Sequence
     every row, each run of trained (mask 1) tokens is one recorded completion verbatim, with its
     logprobs, and the tokens before it are exactly the prompt the sampler was given for it; every
     row's prompt (the tokens before its first trained token) is the template's rendering, with the
-    generation prompt, of the messages before one of the episode's assistant messages. Returns the
+    generation prompt, of the messages before one of the episode's assistant messages (in the
+    conversation of that row's sample, with the trajectory's own tools where it names them). Returns the
     number of rows. ``every_call``: also assert every record is trained (pass the records of these
     episodes only, none failed); a record is never trained twice."""
     from ..loop.loss import pack
@@ -163,10 +164,11 @@ def assert_rows_are_sampler_calls(trajectories: Sequence[Any], records: Sequence
         calls.setdefault(tuple(prompt), []).append((n, completion))
     used: set[int] = set()
     renders: dict[str, set[str]] = {}
-    for t in trajs:
-        msgs = t.messages
-        renders[t.uuid] = {render(tokenizer, msgs[:i], tools=tools, add_generation_prompt=True)
-                           for i, m in enumerate(msgs) if m.get("role") == "assistant"}
+    for t in trajs:  # each sample's own conversation and the trajectory's own tools, where it has them
+        own = t.infos.get("template_tools")
+        tools_of = own if isinstance(own, list) else tools
+        renders[t.uuid] = {render(tokenizer, s.messages[:i], tools=tools_of, add_generation_prompt=True)
+                           for s in t.turn_samples() for i, m in enumerate(s.messages) if m.get("role") == "assistant"}
     rows = batch.input_ids.shape[0]
     row_owner = [t for t in trajs for _ in t.turn_samples()]
     assert len(row_owner) == rows, f"{rows} rows packed for {len(row_owner)} samples"

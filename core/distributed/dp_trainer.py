@@ -26,6 +26,7 @@ from typing import Any, Sequence
 from ..algorithms.logprobs import is_data_parallel
 from ..trainer import GRPOTrainer
 from ..types import Trajectory
+from ..training.data_parallel import allreduce_gradients  # noqa: F401 - one implementation, re-exported
 from .staleness import filter_stale, staleness_metrics
 from ..loop.sync import sync_weights
 
@@ -158,29 +159,3 @@ class RayGRPOTrainer(GRPOTrainer):
         """Rank 0 writes the checkpoint; the other ranks hold identical weights and skip it."""
         if self.args.should_save:
             super()._save_checkpoint(model, trial)
-
-
-def allreduce_gradients(model: Any) -> None:
-    """Average every gradient across the default process group, one flat buffer per dtype/device
-    (gloo has no AVG, so SUM then divide)."""
-    import torch
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-    world = dist.get_world_size()
-    buckets: dict[tuple[Any, Any], list[Any]] = {}
-    for p in model.parameters():
-        if p.requires_grad:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)  # every rank must contribute the same tensors
-            buckets.setdefault((p.grad.dtype, p.grad.device), []).append(p.grad)
-    for grads in buckets.values():
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-        flat.div_(world)
-        offset = 0
-        for g in grads:
-            n = g.numel()
-            g.copy_(flat[offset:offset + n].view_as(g))
-            offset += n

@@ -19,6 +19,7 @@ module, one layer up, is the Ray implementation of it.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Sequence
 
 import attrs
@@ -125,28 +126,37 @@ def make_sampler(name: str, model: Any, tokenizer: Any = None, *, remote_group: 
 
 
 def place_policy(group: DeviceGroup, args: tuple[Any, ...], kwargs: dict[str, Any]) -> "RemotePolicy":
-    """Start one :class:`PolicyWorker` on ``group`` building ``Policy(*args, **kwargs)``."""
+    """Start ``group.num_workers`` :class:`PolicyWorker` actors on ``group``, each building
+    ``Policy(*args, **kwargs)``; several join one process group (gloo on the CPU, NCCL on GPUs) and
+    train data-parallel."""
+    from .collective import free_port  # noqa: F401 - the worker asks for its own port
     from .placement import place_actors
     from .runtime import require_ray
 
-    if group.num_workers != 1:
-        raise ConfigError(f"a Policy runs on one worker; group {group.name!r} has num_workers={group.num_workers} "
-                          "(data-parallel training: GRPOTrainer with --distributed ray)")
     if args and not isinstance(args[0], str):
         raise ConfigError("a Policy on a Ray group loads its own model: pass the model's path, not a module")
+    kwargs = dict(kwargs)
+    if group.device == "gpu" and kwargs.get("device") is None:
+        kwargs["device"] = "cuda"  # Ray shows each GPU worker its one device
+    world_size = group.num_workers
     placed = place_actors(group.name, PolicyWorker, group.worker_config(),
-                          lambda rank: ((args, kwargs, group.torch_threads), {}))
+                          lambda rank: ((args, kwargs, group.torch_threads, rank, world_size, group.device), {}))
     _STATE.placed.append(placed)
     ray = require_ray()
-    actor = placed.actors[0]
     try:
-        ray.get(actor.ping.remote(), timeout=_STATE.timeout_s)
+        if world_size > 1:
+            addr, port = ray.get(placed.actors[0].address.remote(), timeout=_STATE.timeout_s)
+            ray.get([a.join.remote(addr, port, _STATE.timeout_s) for a in placed.actors], timeout=_STATE.timeout_s)
+        ray.get([a.build.remote() for a in placed.actors], timeout=_STATE.timeout_s)
     except Exception as exc:  # noqa: BLE001 - the policy failed to build: say why, in one line
+        placed.remove()
+        _STATE.placed.remove(placed)
         cause = getattr(exc, "cause", None) or exc
         if isinstance(cause, Exception) and type(cause).__module__.startswith("rlcore"):
             raise cause from None
-        raise ConfigError(f"the policy on group {group.name!r} failed to start: {str(cause).strip().splitlines()[-1]}") from None
-    return RemotePolicy(actor, args[0] if args else kwargs.get("model"), kwargs.get("tokenizer"))
+        raise ConfigError(f"the policy on group {group.name!r} failed to start: {_first_line(cause)}") from None
+    return RemotePolicy(placed.actors, args[0] if args else kwargs.get("model"), kwargs.get("tokenizer"),
+                        group=group.name, placed=placed)
 
 
 class _RayPlacer:
@@ -158,25 +168,77 @@ class _RayPlacer:
 
 
 class PolicyWorker:
-    """The Ray actor holding a :class:`Policy`; :class:`RemotePolicy` forwards the loop's calls."""
+    """One rank of a policy group: a Ray actor holding a :class:`Policy`. Ranks of a group join one
+    torch process group first (:meth:`join`), so the Policy they build trains data-parallel
+    (:mod:`rlcore.training.data_parallel`); :class:`RemotePolicy` forwards the loop's calls."""
 
-    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any], torch_threads: int = 1) -> None:
+    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any], torch_threads: int = 1, rank: int = 0,
+                 world_size: int = 1, device: str = "cpu") -> None:
         import torch
 
+        torch.set_num_threads(max(1, int(torch_threads)))
+        self.args, self.kwargs = args, kwargs
+        self.rank, self.world_size, self.device = int(rank), int(world_size), device
+        self.policy: Any = None
+
+    def address(self) -> tuple[str, int]:
+        from .collective import free_port, node_ip
+
+        return node_ip(), free_port()
+
+    def join(self, master_addr: str, master_port: int, timeout_s: float = 600.0) -> str:
+        """Join the group's process group (every rank at once: it blocks until all have)."""
+        import datetime
+
+        import torch.distributed as dist
+
+        backend = "nccl" if self.device == "gpu" else "gloo"
+        if not dist.is_initialized():
+            dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=self.rank,
+                                    world_size=self.world_size, timeout=datetime.timedelta(seconds=timeout_s))
+        if backend == "nccl":
+            import torch
+
+            torch.cuda.set_device(0)
+        return backend
+
+    def build(self) -> int:
         from ..loop.policy import Policy
 
-        torch.set_num_threads(max(1, int(torch_threads)))
-        self.policy = Policy(*args, **kwargs)
+        self.policy = Policy(*self.args, **self.kwargs)
+        return self.rank
 
     def ping(self) -> int:
-        return self.policy.step
+        return self.policy.step if self.policy is not None else -1
 
     def call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         out = getattr(self.policy, method)(*args, **kwargs)
         return out.cpu() if hasattr(out, "cpu") else out
 
+    def forward_backward(self, inputs: Any, advantages: Any, old_logps: Any, ref_logps: Any,
+                         kwargs: dict[str, Any]) -> dict[str, float]:
+        """This rank's share: packed here, the given logprobs cut to its padded length."""
+        batch = self.policy.batch(inputs, advantages)
+        width = int(batch.input_ids.shape[1])
+        return self.policy.forward_backward(batch, old_logps=_cut(old_logps, width),
+                                            ref_logps=_cut(ref_logps, width), **kwargs)
+
+    def logprobs(self, method: str, inputs: Any, kwargs: dict[str, Any]) -> Any:
+        return getattr(self.policy, method)(inputs, **kwargs).cpu()
+
     def step(self) -> int:
         return self.policy.step
+
+    def checksum(self) -> float:
+        """Sum of every parameter in float64 (equal on every rank of a group that stayed in sync)."""
+        import torch
+
+        with torch.no_grad():
+            return float(sum(p.detach().double().sum() for p in self.policy.model.parameters()))
+
+    def state(self) -> dict[str, Any]:
+        """CPU copies of the module's parameters (tests compare ranks and processes with them)."""
+        return {n: p.detach().cpu().clone() for n, p in self.policy.model.named_parameters()}
 
     def sync_to(self, sampler: Any, version: int | None) -> dict[str, float]:
         from ..loop.sync import sync_weights
@@ -184,70 +246,181 @@ class PolicyWorker:
         return sync_weights(self.policy, sampler, version=version)
 
 
+def _cut(t: Any, width: int) -> Any:
+    return None if t is None else t[:, :width]
+
+
 class RemotePolicy:
-    """A :class:`Policy` living in a Ray actor, called exactly like a local one."""
+    """A :class:`Policy` living in Ray actors, called exactly like a local one.
+
+    One worker: every call goes to it. A group of ``N``: :meth:`forward_backward` and
+    :meth:`logprobs` split the batch over the ranks (contiguous shares, whole trajectories) and the
+    ranks compute one process's loss, normaliser and metrics over the whole of it;
+    :meth:`clip_grad_and_step` averages the gradients and steps every rank; :meth:`save`,
+    :meth:`weights` and :meth:`sync_to` use rank 0; :meth:`load` has rank 0 read and the others
+    receive. A rank that dies fails the call with one line (:class:`WorkerFailedError`) and stops
+    the group: build the Policy again and ``load`` the last checkpoint.
+    """
 
     is_remote = True
 
-    def __init__(self, actor: Any, model: Any, tokenizer: Any = None) -> None:
+    def __init__(self, actors: Any, model: Any, tokenizer: Any = None, *, group: str = "model",
+                 placed: Any = None) -> None:
         from ..training.components import load_tokenizer
 
-        self.actor = actor
+        self.actors = list(actors) if isinstance(actors, (list, tuple)) else [actors]
+        self.group = group
+        self._placed = placed
+        self.failed: str | None = None
         self.tokenizer = load_tokenizer(model, tokenizer)
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))
 
-    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    @property
+    def actor(self) -> Any:
+        """Rank 0's actor."""
+        return self.actors[0]
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.actors)
+
+    # --- calling the ranks -------------------------------------------------------------------------
+    def _gather(self, refs: list[Any], what: str) -> list[Any]:
+        """Every rank's result, in rank order. A rank that dies (or raises while the others wait
+        for it in a collective) stops the group: one line, never a hang."""
+        from .errors import WorkerFailedError
         from .runtime import require_ray
 
+        if self.failed is not None:
+            raise WorkerFailedError(self.failed)
         ray = require_ray()
-        try:
-            return ray.get(self.actor.call.remote(method, args, kwargs), timeout=_STATE.timeout_s)
-        except Exception as exc:  # noqa: BLE001 - rlcore errors raised in the actor come back as themselves
-            cause = getattr(exc, "cause", None)
-            if isinstance(cause, Exception) and type(cause).__module__.startswith("rlcore"):
-                raise cause from None
-            raise
+        pending = {ref: rank for rank, ref in enumerate(refs)}
+        results: dict[int, Any] = {}
+        deadline = time.monotonic() + _STATE.timeout_s
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+            for ref in ready:
+                rank = pending.pop(ref)
+                try:
+                    results[rank] = ray.get(ref)
+                except Exception as exc:  # noqa: BLE001 - one line below
+                    raise self._failure(rank, what, exc, pending) from None
+            if pending and time.monotonic() > deadline:
+                ranks = ", ".join(str(r) for r in sorted(pending.values()))
+                self._stop(f"policy worker(s) {ranks} of group {self.group!r} did not finish {what} within "
+                           f"{_STATE.timeout_s:.0f}s; the policy group is stopped — build the Policy again and "
+                           "load the last checkpoint (policy.load(path))")
+                raise WorkerFailedError(self.failed)
+        return [results[r] for r in range(len(refs))]
+
+    def _failure(self, rank: int, what: str, exc: BaseException, pending: dict[Any, int]) -> BaseException:
+        from ray.exceptions import RayActorError, RayTaskError
+
+        from .errors import WorkerFailedError
+        from .runtime import require_ray
+
+        if isinstance(exc, RayActorError):
+            self._stop(f"policy worker {rank} of group {self.group!r} died during {what} ({_first_line(exc)}); "
+                       "the policy group is stopped — build the Policy again and load the last checkpoint "
+                       "(policy.load(path))")
+            return WorkerFailedError(self.failed or "")
+        cause = getattr(exc, "cause", None) if isinstance(exc, RayTaskError) else exc
+        if pending:  # the others may wait for this rank in a collective: give them a moment, else stop
+            ray = require_ray()
+            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=10.0)
+            if len(ready) < len(pending):
+                self._stop(f"policy worker {rank} of group {self.group!r} failed during {what} "
+                           f"({_first_line(cause or exc)}) while the other ranks waited for it; the policy group is "
+                           "stopped — build the Policy again and load the last checkpoint (policy.load(path))")
+        if isinstance(cause, Exception) and type(cause).__module__.startswith("rlcore"):
+            return cause  # a user error raised inside the worker: its own one-line message
+        if self.failed is not None:
+            return WorkerFailedError(self.failed)
+        return WorkerFailedError(f"policy worker {rank} of group {self.group!r} failed to {what}: {_first_line(cause or exc)}")
+
+    def _stop(self, why: str) -> None:
+        self.failed = why
+        self.close()
+
+    def close(self) -> None:
+        """Stop this policy's actors and release their reservation (:func:`shutdown` stops every
+        part placed since :func:`initialize`)."""
+        if self._placed is not None:
+            self._placed.remove()
+            if self._placed in _STATE.placed:
+                _STATE.placed.remove(self._placed)
+            self._placed = None
+        if self.failed is None:
+            self.failed = f"the policy on group {self.group!r} was closed"
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """``method`` on every rank (they may meet in collectives); rank 0's answer."""
+        return self._gather([a.call.remote(method, args, kwargs) for a in self.actors], method)[0]
+
+    def _call_rank0(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return self._gather([self.actor.call.remote(method, args, kwargs)], method)[0]
 
     @property
     def step(self) -> int:
-        from .runtime import require_ray
+        return int(self._gather([self.actor.step.remote()], "step")[0])
 
-        return int(require_ray().get(self.actor.step.remote(), timeout=_STATE.timeout_s))
-
-    def forward_backward(self, *args: Any, **kwargs: Any) -> dict[str, float]:
-        return self._call("forward_backward", *args, **kwargs)
+    # --- the loop's calls --------------------------------------------------------------------------
+    def forward_backward(self, inputs: Any, advantages: Any = None, old_logps: Any = None, ref_logps: Any = None, *,
+                         num_items: float | None = None, loss_scale: float = 1.0) -> dict[str, float]:
+        shares = split_for_ranks(inputs, advantages, self.num_workers, old_logps=old_logps, ref_logps=ref_logps)
+        kwargs = {"num_items": num_items, "loss_scale": loss_scale}
+        refs = [a.forward_backward.remote(s.inputs, s.advantages, s.old_logps, s.ref_logps, kwargs)
+                for a, s in zip(self.actors, shares)]
+        return self._gather(refs, "forward_backward")[0]
 
     def clip_grad_and_step(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         return self._call("clip_grad_and_step", *args, **kwargs)
 
-    def logprobs(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("logprobs", *args, **kwargs)
+    def logprobs(self, inputs: Any, **kwargs: Any) -> Any:
+        return self._logprobs("logprobs", inputs, kwargs)
 
-    def ref_logprobs(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call("ref_logprobs", *args, **kwargs)
+    def ref_logprobs(self, inputs: Any, **kwargs: Any) -> Any:
+        return self._logprobs("ref_logprobs", inputs, kwargs)
+
+    def _logprobs(self, method: str, inputs: Any, kwargs: dict[str, Any]) -> Any:
+        """Each rank scores its share; the rows come back in order, right-padded to one width."""
+        import torch
+
+        shares = split_for_ranks(inputs, None, self.num_workers)
+        parts = self._gather([a.logprobs.remote(method, s.inputs, kwargs) for a, s in zip(self.actors, shares)], method)
+        width = max((int(p.shape[1]) for p in parts), default=0)
+        return torch.cat([torch.nn.functional.pad(p, (0, width - int(p.shape[1]))) for p in parts], 0)
 
     def weights(self, sampler: Any = None, *, lora: bool | None = None, to_cpu: bool = True) -> Any:
         from ..weights import sampler_accepts_lora
 
         if lora is None:  # asked here: a local sampler does not travel to the actor
             lora = sampler is not None and sampler_accepts_lora(sampler)
-        return self._call("weights", None, lora=lora, to_cpu=True)
+        return self._call_rank0("weights", None, lora=lora, to_cpu=True)
 
     def save(self, path: Any) -> str:
-        return self._call("save", str(path))
+        """Rank 0 writes (every rank holds its weights)."""
+        return self._call_rank0("save", str(path))
 
     def load(self, path: Any) -> None:
+        """Rank 0 reads ``path``; the other ranks receive the weights and optimizer state from it."""
         return self._call("load", str(path))
 
-    def sync_to(self, sampler: Any, version: int | None = None) -> dict[str, float]:
-        """Ray samplers get the weights straight from the policy's actor; a sampler in this process
-        gets CPU copies fetched from it."""
-        from .runtime import require_ray
+    def checksums(self) -> list[float]:
+        """Every rank's parameter checksum (equal while the group stays in sync)."""
+        return [float(x) for x in self._gather([a.checksum.remote() for a in self.actors], "checksum")]
 
+    def state_dict(self) -> dict[str, Any]:
+        """Rank 0's parameters, as CPU tensors."""
+        return self._gather([self.actor.state.remote()], "state")[0]
+
+    def sync_to(self, sampler: Any, version: int | None = None) -> dict[str, float]:
+        """Ray samplers get the weights straight from rank 0's actor (one export; every rank holds
+        the same weights); a sampler in this process gets CPU copies fetched from it."""
         if hasattr(sampler, "sync_mode"):  # a RemoteSampler: picklable, the actor sends to the pool
             version = self.step if version is None else int(version)
-            metrics = require_ray().get(self.actor.sync_to.remote(sampler, version), timeout=_STATE.timeout_s)
+            metrics = self._gather([self.actor.sync_to.remote(sampler, version)], "sync_weights")[0]
             sampler.policy_version = version  # the actor updated its copy of the pool; this is ours
             sampler.last_sync = dict(metrics)
             sampler.sync_history.append(dict(metrics))
@@ -259,3 +432,67 @@ class RemotePolicy:
         if reset is not None:
             reset()
         return {}
+
+
+@attrs.define
+class Share:
+    """One rank's part of a batch: trajectories (or a Batch), their advantages and logprob rows."""
+
+    inputs: Any
+    advantages: Any = None
+    old_logps: Any = None
+    ref_logps: Any = None
+
+
+def split_for_ranks(inputs: Any, advantages: Any, ranks: int, *, old_logps: Any = None,
+                    ref_logps: Any = None) -> list[Share]:
+    """``inputs`` cut into ``ranks`` contiguous shares of whole trajectories (sizes differ by one at
+    most; a rank may get none); ``[B, T]`` logprob tensors cut along the rows each share packs to
+    (a trajectory with per-turn samples packs to one row per sample)."""
+    from ..types import Batch
+
+    if ranks == 1:
+        return [Share(inputs, advantages, old_logps, ref_logps)]
+    if isinstance(inputs, Batch):
+        if advantages is not None:
+            raise ConfigError("a Batch carries its advantages already; pass advantages= with trajectories only")
+        bounds = _bounds(inputs.size, ranks)
+        return [Share(inputs.select(slice(a, b)), None, _rows(old_logps, a, b), _rows(ref_logps, a, b))
+                for a, b in bounds]
+    from ..loop.loss import advantage_list
+
+    trajs = list(inputs)
+    adv = advantage_list(advantages) if advantages is not None else None
+    if adv is not None and len(adv) != len(trajs):
+        raise ConfigError(f"{len(adv)} advantages for {len(trajs)} trajectories; give one per trajectory")
+    expand = any(t.has_turn_samples for t in trajs)
+    rows = [len(t.turn_samples()) if expand and t.has_turn_samples else 1 for t in trajs]
+    out = []
+    for a, b in _bounds(len(trajs), ranks):
+        r0, r1 = sum(rows[:a]), sum(rows[:b])
+        out.append(Share(trajs[a:b], adv[a:b] if adv is not None else None, _rows(old_logps, r0, r1),
+                         _rows(ref_logps, r0, r1)))
+    return out
+
+
+def _bounds(n: int, ranks: int) -> list[tuple[int, int]]:
+    base, extra = divmod(n, ranks)
+    out, start = [], 0
+    for r in range(ranks):
+        stop = start + base + (1 if r < extra else 0)
+        out.append((start, stop))
+        start = stop
+    return out
+
+
+def _rows(t: Any, a: int, b: int) -> Any:
+    return None if t is None else t[a:b]
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith(("Traceback", "File ", "ray::")):
+            return line[:300]
+    return type(exc).__name__

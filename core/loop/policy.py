@@ -28,6 +28,10 @@ from ..gguf import resolve_model
 from ..plugins import get as get_component
 from ..types import Batch, Trajectory
 from ..weights import base_model, export_weights, is_peft_model, sampler_accepts_lora
+from ..training.data_parallel import (
+    allreduce_gradients, broadcast_module, broadcast_object, gather_objects, loss_normalisation, reduce_step_metrics,
+    sum_over_ranks, world,
+)
 from .loss import batch_logprobs, batch_loss, pack
 
 _STATE_FILE = "policy_state.pt"
@@ -55,7 +59,12 @@ class Policy:
         cast_lm_head_to_fp32, router_aux_loss_coef: as in GRPOConfig (TRL 1.16's): a float32
             lm_head (and reference head) with float32 logits; an MoE model's load-balancing loss
             weight (``None``: the model config's own, 0: off), logged as ``aux_loss``.
-        remote_group: the device group to build it on (see :func:`rlcore.distributed.initialize`).
+        remote_group: the device group to build it on (see :func:`rlcore.distributed.initialize`); a
+            group of several workers trains data-parallel (:class:`rlcore.distributed.RemotePolicy`).
+            Under any process group of several ranks (a policy group, ``torchrun``) the ranks compute
+            what one process would over all their rows: the loss normaliser and metrics over the
+            whole batch, gradients averaged in :meth:`clip_grad_and_step`, rank 0's weights at the
+            start, :meth:`save` by rank 0, :meth:`load` read by rank 0 and sent to the others.
         reference: ``"auto"`` keeps a frozen copy for the KL term when ``beta`` > 0 (LoRA: the base
             model with adapters off), a module to use as the reference, or ``None``.
         teacher: on-policy distillation's teacher (a path, hub id, .gguf file or module with the
@@ -171,6 +180,8 @@ class Policy:
         self.step = 0
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))
+        if world()[1] > 1:  # data-parallel ranks start from rank 0's weights (LoRA's random init differs)
+            broadcast_module(self.model)
 
     # --- what the loop calls -------------------------------------------------------------------------
     @property
@@ -216,6 +227,11 @@ class Policy:
         if self.teacher_model is not None and batch.teacher_logps is None:  # on-policy distillation
             batch.teacher_logps = batch_logprobs(self.teacher_model, batch, temperature=self.temperature,
                                                  chunk_size=self.logprob_chunk_size)
+        weight, rows, tokens = 1.0, float(batch.size), float(batch.completion_mask.sum())
+        ranks = world()[1]
+        if ranks > 1:  # data-parallel: this rank's share of one process's loss over the whole batch
+            num_items, weight = self._share(num_items, rows, tokens, ranks)
+            loss_scale = loss_scale * weight
         self.model.train()
         loss, metrics = batch_loss(
             self.model, batch, self.loss_fn, self.loss_config(num_items), temperature=self.temperature,
@@ -225,8 +241,27 @@ class Policy:
         )
         (loss * loss_scale).backward()
         out = {"loss": float(loss.detach()), **metrics}
-        out["num_tokens"] = float(batch.completion_mask.sum())
+        out["num_tokens"] = tokens
+        if ranks > 1:
+            out = reduce_step_metrics(out, rows=rows, tokens=tokens, weight=weight)
         return out
+
+    def _share(self, num_items: float | None, rows: float, tokens: float, ranks: int) -> tuple[float | None, float]:
+        """Under data parallelism (``ranks`` processes, gradients averaged over them): the loss
+        normaliser and the factor on this rank's loss that make the averaged gradient the one of a
+        single process holding every rank's rows. Token-normalised losses get the whole batch's
+        active tokens (or the ``num_items`` given: one process's normaliser) over the ranks; bnpo's
+        token mean is weighted by this rank's share of the tokens, a mean over sequences by its
+        share of the rows."""
+        parts = gather_objects((rows, tokens))
+        all_rows, all_tokens = sum(r for r, _ in parts), sum(t for _, t in parts)
+        kind = loss_normalisation(self.loss_fn, self.loss_name)
+        if kind == "num_items":
+            whole = float(num_items) if num_items is not None else all_tokens
+            return whole / ranks, 1.0
+        if kind == "tokens":
+            return num_items, (ranks * tokens / all_tokens) if all_tokens > 0 else 0.0
+        return num_items, (ranks * rows / all_rows) if all_rows > 0 else 0.0
 
     def clip_grad_and_step(self, max_grad_norm: float | None = None) -> dict[str, float]:
         """Clip the accumulated gradients (``max_grad_norm``; ``None`` or 0: no clipping), step the
@@ -234,6 +269,7 @@ class Policy:
         (and ``entropy_coef`` with an entropy bonus: the adaptive coefficient moves here, on the
         entropy of every ``forward_backward`` since the last step)."""
         limit = self.max_grad_norm if max_grad_norm is None else max_grad_norm
+        allreduce_gradients(self.model)  # data-parallel ranks: the mean gradient (one process's); else nothing
         params = [p for p in self.model.parameters() if p.requires_grad]
         if limit:
             norm = float(torch.nn.utils.clip_grad_norm_(params, float(limit)))
@@ -247,7 +283,7 @@ class Policy:
         self.step += 1
         out = {"grad_norm": norm, "learning_rate": lr}
         if self.entropy_bonus is not None:
-            out["entropy_coef"] = self.entropy_bonus.step()
+            out["entropy_coef"] = self.entropy_bonus.step(reduce=sum_over_ranks if world()[1] > 1 else None)
         return out
 
     def logprobs(self, inputs: Batch | Sequence[Trajectory], *, rows_per_pass: int | None = None) -> torch.Tensor:
@@ -287,6 +323,8 @@ class Policy:
         """Model (adapters only for LoRA) + tokenizer in HF format, and the optimizer, lr schedule,
         step and entropy-bonus controller in ``policy_state.pt``; :meth:`load` restores all of it."""
         path = os.fspath(path)
+        if world()[0] != 0:  # data-parallel: every rank holds rank 0's weights; rank 0 writes them
+            return path
         os.makedirs(path, exist_ok=True)
         self.model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
@@ -297,8 +335,34 @@ class Policy:
         return path
 
     def load(self, path: str | os.PathLike[str]) -> None:
-        """Restore what :meth:`save` wrote into this policy (same architecture, same LoRA layout)."""
+        """Restore what :meth:`save` wrote into this policy (same architecture, same LoRA layout).
+        Data-parallel ranks: rank 0 reads the checkpoint and the others receive it from rank 0 (a
+        path only rank 0 sees is enough); a checkpoint rank 0 refuses fails every rank alike."""
         path = os.fspath(path)
+        rank, ranks = world()
+        if ranks == 1:
+            state = self._read_checkpoint(path)
+        else:
+            state, error = None, None
+            if rank == 0:
+                try:
+                    state = self._read_checkpoint(path, map_location="cpu")
+                except ConfigError as exc:
+                    error = str(exc)
+            error = broadcast_object(error)
+            if error is not None:
+                raise ConfigError(error)
+            broadcast_module(self.model)
+            state = broadcast_object(state)
+        if state is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
+            self.step = int(state["step"])
+            if self.entropy_bonus is not None and self.entropy_bonus.adaptive and state.get("entropy_control") is not None:
+                self.entropy_bonus.load_state_dict(state["entropy_control"])
+
+    def _read_checkpoint(self, path: str, map_location: Any = None) -> dict[str, Any] | None:
+        """Load ``path``'s weights into the module; its optimizer state etc. (``None`` when absent)."""
         if not os.path.isdir(path):
             raise ConfigError(f"Policy.load: {path} is not a directory written by Policy.save")
         if is_peft_model(self.model):
@@ -309,20 +373,16 @@ class Policy:
         else:
             _load_full(base_model(self.model), path)
         state_path = os.path.join(path, _STATE_FILE)
-        if os.path.exists(state_path):
-            try:  # tensors and plain data only: a pickle from a checkpoint someone hands you runs no code
-                state = torch.load(state_path, map_location=self.device, weights_only=True)
-            except Exception as exc:  # noqa: BLE001 - the unpickler refused a non-plain object
-                raise ConfigError(
-                    f"Policy.load: {state_path} holds something other than tensors and plain data "
-                    f"({str(exc).splitlines()[0][:160]}); refusing to load it — load the weights from a "
-                    "checkpoint Policy.save wrote, or delete that file to start the optimizer afresh"
-                ) from None
-            self.optimizer.load_state_dict(state["optimizer"])
-            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
-            self.step = int(state["step"])
-            if self.entropy_bonus is not None and self.entropy_bonus.adaptive and state.get("entropy_control") is not None:
-                self.entropy_bonus.load_state_dict(state["entropy_control"])
+        if not os.path.exists(state_path):
+            return None
+        try:  # tensors and plain data only: a pickle from a checkpoint someone hands you runs no code
+            return torch.load(state_path, map_location=map_location or self.device, weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - the unpickler refused a non-plain object
+            raise ConfigError(
+                f"Policy.load: {state_path} holds something other than tensors and plain data "
+                f"({str(exc).splitlines()[0][:160]}); refusing to load it — load the weights from a "
+                "checkpoint Policy.save wrote, or delete that file to start the optimizer afresh"
+            ) from None
 
     def _reference(self, reference: Any) -> Any:
         """The frozen reference for the KL term (see the ``reference`` argument)."""

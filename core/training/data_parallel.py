@@ -135,3 +135,117 @@ def whole_batch(trajectories: Sequence[Trajectory], columns: dict[str, list[floa
         for name in names:
             merged[name].extend(cols.get(name) or [None] * len(dicts))
     return WholeBatch(everyone, merged, start, start + len(mine))
+
+
+def allreduce_gradients(model: Any) -> None:
+    """Average every trainable parameter's gradient over the default process group, one flat buffer
+    per dtype and device (gloo has no AVG: SUM, then divide). A parameter without a gradient on
+    this rank contributes zeros, so every rank reduces the same tensors. One call per optimizer
+    step, however many backward passes accumulated into it (what DDP's ``no_sync`` buys)."""
+    rank, size = world()
+    if size == 1:
+        return
+    import torch
+    import torch.distributed as dist
+
+    buckets: dict[tuple[Any, Any], list[Any]] = {}
+    for p in model.parameters():
+        if p.requires_grad:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            buckets.setdefault((p.grad.dtype, p.grad.device), []).append(p.grad)
+    for grads in buckets.values():
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        flat.div_(size)
+        offset = 0
+        for g in grads:
+            n = g.numel()
+            g.copy_(flat[offset:offset + n].view_as(g))
+            offset += n
+
+
+def broadcast_module(model: Any, src: int = 0) -> None:
+    """Every parameter and buffer of ``model`` made rank ``src``'s (one flat buffer per dtype and
+    device): ranks that built the same model with different random parts (LoRA's initialisation)
+    start, or restart after a checkpoint only ``src`` read, from one set of weights."""
+    rank, size = world()
+    if size == 1:
+        return
+    import torch
+    import torch.distributed as dist
+
+    buckets: dict[tuple[Any, Any], list[Any]] = {}
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            buckets.setdefault((t.dtype, t.device), []).append(t)
+        for tensors in buckets.values():
+            flat = torch.cat([t.detach().reshape(-1) for t in tensors])
+            dist.broadcast(flat, src=src)
+            offset = 0
+            for t in tensors:
+                n = t.numel()
+                t.copy_(flat[offset:offset + n].view_as(t))
+                offset += n
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank ``src``'s ``obj`` on every rank (``obj`` itself in one process)."""
+    rank, size = world()
+    if size == 1:
+        return obj
+    import torch.distributed as dist
+
+    box = [obj if rank == src else None]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+#: how a loss normalises its batch, for data-parallel ranks that each hold part of it: ``num_items``
+#: (dapo, cispo, vespo, opd: the whole batch's active tokens, passed in), ``tokens`` (bnpo: the
+#: tokens of the call) or ``rows`` (grpo, dr_grpo, gspo, sapo, luspo: a mean over sequences)
+LOSS_NORMALISATION = {"dapo": "num_items", "cispo": "num_items", "vespo": "num_items", "opd": "num_items",
+                      "bnpo": "tokens"}
+
+
+def loss_normalisation(loss_fn: Any, name: str | None = None) -> str:
+    """``num_items``, ``tokens`` or ``rows`` for a loss function: its ``normalisation`` attribute
+    when it declares one (a third party's loss), else by its registered name (see
+    :data:`LOSS_NORMALISATION`); a mean over sequences otherwise."""
+    declared = getattr(loss_fn, "normalisation", None)
+    if declared in ("num_items", "tokens", "rows"):
+        return str(declared)
+    key = (name or getattr(loss_fn, "__name__", "") or "").removesuffix("_loss")
+    return LOSS_NORMALISATION.get(key, "rows")
+
+
+def reduce_step_metrics(metrics: dict[str, float], *, rows: float, tokens: float, weight: float) -> dict[str, float]:
+    """One rank's ``forward_backward`` metrics combined into the whole batch's: ``loss`` and
+    ``policy_loss`` add up each rank's share (its value times ``weight``, the fraction of the whole
+    batch's normaliser it holds, over the ranks); ``num_tokens`` sums; ``*_min``/``*_max`` take the
+    extreme; ``*_seq_mean`` average over sequences (``rows``); the rest over the ranks' tokens."""
+    rank, size = world()
+    if size == 1:
+        return dict(metrics)
+    parts = gather_objects((dict(metrics), float(rows), float(tokens), float(weight)))
+    keys = list(dict.fromkeys(k for values, *_ in parts for k in values))
+    out: dict[str, float] = {}
+    for key in keys:
+        have = [(float(v[key]), r, t, w) for v, r, t, w in parts
+                if key in v and isinstance(v[key], (int, float)) and not math.isnan(float(v[key]))]
+        if not have:
+            continue
+        if key in ("loss", "policy_loss"):
+            out[key] = sum(x * w for x, _, _, w in have) / size
+        elif key == "num_tokens":
+            out[key] = sum(x for x, *_ in have)
+        elif key.endswith("_min"):
+            out[key] = min(x for x, *_ in have)
+        elif key.endswith("_max"):
+            out[key] = max(x for x, *_ in have)
+        else:
+            weights = [(r if key.endswith("_seq_mean") else t) for _, r, t, _ in have]
+            total = sum(weights)
+            out[key] = sum(x * wt for (x, *_), wt in zip(have, weights)) / total if total > 0 else \
+                sum(x for x, *_ in have) / len(have)
+    return out

@@ -1,0 +1,140 @@
+"""A data-parallel policy group on Ray: ``Policy(remote_group=DeviceGroup("model", num_workers=2))``
+computes what one process computes. The ranks hold different numbers of trajectories and tokens,
+``scale_rewards="batch"`` needs the whole batch's reward std, and dapo's normaliser and grpo's
+mean over sequences are whole-batch numbers, so a rank that normalised over its own share would
+differ from the single process. One Ray instance for the module; three policy groups in all."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+from rlcore import SamplingParams  # noqa: E402
+from rlcore.algorithms.advantages import GRPOAdvantage  # noqa: E402
+from rlcore.distributed import DeviceGroup, RemotePolicy, WorkerFailedError, initialize, shutdown  # noqa: E402
+from rlcore.loop import Policy, make_prompts, sample  # noqa: E402
+from rlcore.tasks import digits_dataset  # noqa: E402
+
+# AdamW divides by sqrt(v) + eps: a large eps keeps float rounding in near-zero gradients (which the
+# all-reduce adds in another order) from growing into a full step, so weights can agree to 1e-6
+OPTS = dict(learning_rate=1e-2, adam_epsilon=1e-3, max_grad_norm=None)
+
+
+@pytest.fixture(scope="module")
+def groups():
+    initialize(mode="ray", groups=[DeviceGroup("model", num_workers=2, num_cpus=0.5)], num_cpus=4)
+    yield
+    shutdown()
+    initialize(mode="local")
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def batches(tiny_model_dir):
+    """Two steps' trajectories, sampled once by a local sampler: 7 and 5 trajectories (shares of
+    4+3 and 3+2, of different lengths), rewards that differ within and across groups."""
+    import rlcore
+
+    policy = Policy(tiny_model_dir)
+    sampler = rlcore.get("sampler", "hf")(policy.model, policy.tokenizer, seed=3)
+    prompts = make_prompts(digits_dataset(3), policy.tokenizer)
+    out = []
+    for n, take in ((3, 7), (2, 5)):
+        trajs = sample(sampler, prompts[:n], SamplingParams(max_tokens=8, temperature=1.0), num_generations=3)[:take]
+        scores = [float(len(t.completion_ids) % 5) + 0.1 * i for i, t in enumerate(trajs)]
+        out.append((trajs, scores, [t.group_id for t in trajs]))
+    return out
+
+
+def _advantages(scores, groups):
+    return GRPOAdvantage()(scores, groups, scale="batch")
+
+
+def _train(policy, batches):
+    logs = []
+    for step, (trajs, scores, groups) in enumerate(batches):
+        adv = _advantages(scores, groups)
+        if step == 0:
+            fb = policy.forward_backward(trajs, adv)
+        else:  # two calls accumulated into one step (loss_scale 1/2 each)
+            half = len(trajs) // 2
+            fb = policy.forward_backward(trajs[:half], adv[:half], loss_scale=0.5)
+            policy.forward_backward(trajs[half:], adv[half:], loss_scale=0.5)
+        logs.append({**fb, **policy.clip_grad_and_step()})
+    return logs
+
+
+def _gap(local, remote) -> float:
+    theirs = remote.state_dict()
+    return max((p.detach() - theirs[n]).abs().max().item() for n, p in local.model.named_parameters())
+
+
+@pytest.mark.timeout(600)
+def test_dapo_group_trains_like_one_process_and_resumes_after_a_dead_worker(groups, batches, tiny_model_dir, tmp_path):
+    local = Policy(tiny_model_dir, loss="dapo", **OPTS)
+    one = _train(local, batches)
+    remote = Policy(tiny_model_dir, loss="dapo", **OPTS, remote_group="model")
+    assert isinstance(remote, RemotePolicy) and remote.num_workers == 2
+    two = _train(remote, batches[:1])
+    ckpt = remote.save(tmp_path / "step1")  # rank 0 writes
+    trajs, scores, gids = batches[1]
+    adv = _advantages(scores, gids)
+    half = len(trajs) // 2
+    fb = remote.forward_backward(trajs[:half], adv[:half], loss_scale=0.5)
+    remote.forward_backward(trajs[half:], adv[half:], loss_scale=0.5)
+    two.append({**fb, **remote.clip_grad_and_step()})
+    assert one[0]["grad_norm"] > 0 and remote.step == 2
+    start = Policy(tiny_model_dir)
+    assert max((p.detach() - q.detach()).abs().max().item()
+               for p, q in zip(start.model.parameters(), local.model.parameters())) > 1e-3  # it trained
+    moved = _gap(local, remote)
+    assert moved < 1e-6, f"weights differ by {moved} between a 2-worker group and one process"
+    sums = remote.checksums()
+    assert sums[0] == sums[1]  # both ranks stepped with the same (averaged) gradient
+    for a, b in zip(one, two):
+        for key in ("loss", "policy_loss", "num_tokens", "entropy", "grad_norm", "clip_ratio/region"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), key
+    first = batches[0][0]  # logprobs: each rank scores its share, the rows come back in order
+    assert torch.allclose(remote.logprobs(first), local.logprobs(first), atol=1e-5)
+
+    # a policy worker dies: the step fails with one line, the group stays stopped ...
+    ray.kill(remote.actors[1], no_restart=True)
+    with pytest.raises(WorkerFailedError, match=r"^policy worker 1 of group 'model' died during forward_backward .*"
+                                                r"load the last checkpoint") as info:
+        remote.forward_backward(trajs, adv)
+    assert "\n" not in str(info.value)
+    with pytest.raises(WorkerFailedError, match="died during forward_backward"):
+        remote.clip_grad_and_step()
+    # ... and the run resumes from its last checkpoint: the same weights as never having failed
+    resumed = Policy(tiny_model_dir, loss="dapo", **OPTS, remote_group="model")
+    resumed.load(ckpt)
+    assert resumed.step == 1
+    resumed.forward_backward(trajs[:half], adv[:half], loss_scale=0.5)
+    resumed.forward_backward(trajs[half:], adv[half:], loss_scale=0.5)
+    resumed.clip_grad_and_step()
+    assert resumed.step == 2 and _gap(local, resumed) < 1e-6
+    resumed.close()
+
+
+@pytest.mark.timeout(600)
+def test_lora_grpo_group_starts_from_rank_zero_and_trains_like_one_process(groups, batches, tiny_model_dir, tmp_path):
+    """grpo's mean over sequences (shares of 4 and 3 rows), LoRA's random init taken from rank 0,
+    and a checkpoint rank 0 writes loaded by one process."""
+    lora = {"r": 8, "lora_dropout": 0.0}  # LoRA's dropout draws other masks in every process
+    remote = Policy(tiny_model_dir, loss="grpo", lora=lora, **OPTS, remote_group="model")
+    first = remote.checksums()
+    assert first[0] == first[1]  # LoRA's random A matrices: rank 1 took rank 0's
+    init = remote.save(tmp_path / "init")
+    assert (tmp_path / "init" / "adapter_model.safetensors").exists()
+    local = Policy(tiny_model_dir, loss="grpo", lora=lora, **OPTS)
+    local.load(init)  # the same starting adapters
+    one, two = _train(local, batches), _train(remote, batches)
+    assert one[0]["grad_norm"] > 0
+    moved = _gap(local, remote)
+    assert moved < 1e-6, f"LoRA weights differ by {moved} between a 2-worker group and one process"
+    for a, b in zip(one, two):
+        for key in ("loss", "policy_loss", "entropy", "grad_norm"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), key
+    remote.close()

@@ -35,6 +35,7 @@ from .gguf import resolve_model
 from .plugins import get as get_component
 from .algorithms.advantages import AdvantageStats, group_indices
 from .algorithms.entropy import EntropyBonus
+from .algorithms.logprobs import PaddingFree, check_padding_free
 from .algorithms.losses import TOKEN_NORMALISED, LossConfig
 from .asyncutil import run_sync
 from .errors import ConfigError, RewardFunctionError
@@ -235,6 +236,12 @@ class GRPOTrainer(Trainer):
             self.ref_model.to(self.args.device)
         if self.teacher_model is not None:
             self.teacher_model.to(self.args.device)
+        #: padding-free micro-batches: how a forward lays its rows out (None: padded rows)
+        self.padding_free = PaddingFree(args.padding_free_max_tokens, self._pad_multiple) if args.padding_free else None
+        if self.padding_free is not None:  # a model that cannot take packed input is one line before training
+            for m in (self.model, self.ref_model, self.teacher_model):
+                if m is not None:
+                    check_padding_free(m)
         if args.sync_ref_model:
             if self.ref_model is None:
                 raise ConfigError("sync_ref_model needs a separate reference model: set beta > 0 and train without LoRA")
@@ -653,7 +660,7 @@ class GRPOTrainer(Trainer):
 
     def _logps_in_chunks(self, model: Any, batch: Batch, size: int) -> torch.Tensor:
         return batch_logprobs(model, batch, temperature=self.args.temperature, chunk_size=self.args.logprob_chunk_size,
-                              rows_per_pass=size)
+                              rows_per_pass=size, padding_free=self.padding_free)
 
     def _micro_batches(self, batch: Batch) -> list[dict[str, Any]]:
         """``num_iterations`` shuffled passes, each cut into ``steps_per_generation`` micro-batches
@@ -684,7 +691,7 @@ class GRPOTrainer(Trainer):
             temperature=self.args.temperature, chunk_size=self.args.logprob_chunk_size,
             top_entropy_quantile=self.args.top_entropy_quantile, use_sampler_logps=bool(self.args.is_correction),
             entropy_bonus=self.entropy_bonus,
-            router_aux=self.router_aux,
+            router_aux=self.router_aux, padding_free=self.padding_free,
         )
         self._entropy_boundary()
         if not metrics:  # nothing to train on in this micro-batch

@@ -18,6 +18,7 @@ in backward, nothing when off.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any
 
 import torch
@@ -166,6 +167,7 @@ def completion_logprobs(
     router_logits: list[Any] | None = None,
     entropy_grad: bool = False,
     pack: bool = True,
+    padding_free: PaddingFree | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token logprobs ``[B, T]`` of ``input_ids`` under ``model`` where ``completion_mask`` is 1
     (0 elsewhere), aligned so position ``t`` scores token ``input_ids[:, t]`` — the layout of
@@ -176,10 +178,20 @@ def completion_logprobs(
 
     ``pack``: right-padded rows of a model family known to take packed sequences are packed into
     fewer rows first when that saves rows (see :func:`packing_plan`): the decoder body then runs on
-    fewer padding positions; each token's logprob is the same up to float rounding."""
+    fewer padding positions; each token's logprob is the same up to float rounding.
+
+    ``padding_free`` (a :class:`PaddingFree`): every row is packed, for any model (the caller has
+    checked it with :func:`check_padding_free`), into rows of its token budget under mask-based
+    attention or one row under flash-attention's varlen kernels; logprobs and entropies come back
+    in the ``[B, T]`` layout, so every loss reads what it reads unpacked."""
     body, head = _split_model(model)
-    extra = {"output_router_logits": True} if router_logits is not None else {}
-    plan = packing_plan(model, attention_mask, completion_mask) if pack and router_logits is None else None
+    extra: dict[str, Any] = {"output_router_logits": True} if router_logits is not None else {}
+    if padding_free is not None:
+        plan: PackingPlan | None = padding_free_plan(model, attention_mask, padding_free)
+        if plan is not None and is_varlen_attention(attention_implementation(model)):
+            extra.update(varlen_kwargs(plan))
+    else:
+        plan = packing_plan(model, attention_mask, completion_mask) if pack and router_logits is None else None
     inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask}
     if plan is not None:  # the rows packed into fewer rows; attention kept within each sequence
         inputs = {"input_ids": plan.pack(input_ids), "position_ids": plan.position_ids, "attention_mask": None}
@@ -193,6 +205,8 @@ def completion_logprobs(
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     if router_logits is not None:
         router_logits.append(out.router_logits)
+        if plan is not None:  # the load-balancing loss then averages over the packed rows' real tokens
+            router_logits.append(plan.token_mask)
     B, T = input_ids.shape
     sel = torch.zeros_like(completion_mask, dtype=torch.bool)
     sel[:, 1:] = completion_mask[:, 1:] > 0  # token t is predicted by the hidden state at t-1
@@ -229,7 +243,8 @@ class PackingPlan:
     at 0 at each sequence (the tail padding of a packed row continues its last sequence, which a
     causal model never lets earlier tokens see)."""
 
-    def __init__(self, lengths: list[int], T: int, device: Any) -> None:
+    def __init__(self, lengths: list[int], T: int, device: Any, width: int | None = None) -> None:
+        src_T, T = T, int(width) if width is not None else T  # packed rows are ``width`` wide (default: T)
         bins: list[list[int]] = []  # first fit, longest first
         room: list[int] = []
         for i in sorted(range(len(lengths)), key=lambda j: -lengths[j]):
@@ -245,6 +260,7 @@ class PackingPlan:
         bin_of, offset_of = [0] * len(lengths), [0] * len(lengths)
         positions = torch.zeros((len(bins), T), dtype=torch.long)
         src_row, src_col = torch.zeros((len(bins), T), dtype=torch.long), torch.zeros((len(bins), T), dtype=torch.long)
+        real = torch.zeros((len(bins), T), dtype=torch.long)
         for b, members in enumerate(bins):
             at = 0
             for i in members:
@@ -253,14 +269,18 @@ class PackingPlan:
                 positions[b, at : at + n] = torch.arange(n)
                 src_row[b, at : at + n], src_col[b, at : at + n] = i, torch.arange(n)
                 at += n
+            real[b, :at] = 1
             if at < T:  # tail padding: continues the last sequence (any token id; nothing reads it)
                 last = members[-1]
                 positions[b, at:] = torch.arange(lengths[last], lengths[last] + T - at)
                 src_row[b, at:], src_col[b, at:] = last, 0
-        self.rows = len(bins)
+        self.rows, self.width, self.source_width = len(bins), T, src_T
+        self.lengths = list(lengths)
+        self.bins = bins
         self.bin_of = torch.tensor(bin_of, device=device)
         self.offset_of = torch.tensor(offset_of, device=device)
         self.position_ids = positions.to(device)
+        self.token_mask = real.to(device)  # 1 on the packed rows' real tokens, 0 on their tail padding
         self._src = (src_row.to(device), src_col.to(device))
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
@@ -292,6 +312,132 @@ def packing_plan(model: Any, attention_mask: torch.Tensor, completion_mask: torc
         return None
     plan = PackingPlan(lengths_list, T, attention_mask.device)
     return plan if plan.rows < B else None
+
+
+#: model families whose padding-free forward rlcore's tests hold to the padded one (any other model
+#: is accepted when :func:`check_padding_free` finds it keeps packed sequences apart)
+TESTED_PADDING_FREE = frozenset({"llama", "qwen2", "qwen3", "qwen2_moe"})
+
+#: attention implementations with varlen kernels: a padding-free micro-batch is one row of all its
+#: tokens, its sequences told apart by ``position_ids`` (and the ``cu_seq_lens`` rlcore passes)
+VARLEN_ATTENTION = frozenset({"flash_attention_2", "flash_attention_3"})
+
+
+def attention_implementation(model: Any) -> str:
+    """The ``attn_implementation`` ``model`` runs with (``config._attn_implementation``), ``"eager"`` when unset."""
+    from ..weights import base_model
+
+    config = getattr(base_model(model), "config", None)
+    return str(getattr(config, "_attn_implementation", None) or "eager")
+
+
+def is_varlen_attention(impl: str) -> bool:
+    """flash-attention 2/3, also as a kernels-hub name (``kernels-community/flash-attn2``)."""
+    return impl in VARLEN_ATTENTION or "flash" in impl.lower() and "/" in impl
+
+
+@dataclasses.dataclass(frozen=True)
+class PaddingFree:
+    """How a padding-free forward lays a micro-batch out (``GRPOConfig.padding_free``).
+
+    ``max_tokens`` (``padding_free_max_tokens``): the width of a packed row under mask-based
+    attention (sdpa, eager, flex), whose block-diagonal causal mask costs ``width²`` per row; rows
+    are packed first-fit, longest first, into as few rows of that width as hold them. ``None``: the
+    micro-batch's longest sequence. A sequence longer than ``max_tokens`` widens every row of its
+    micro-batch to its own length (nothing is cut). Under a varlen attention (flash-attention 2/3)
+    the micro-batch is one row of all its tokens and ``max_tokens`` does not apply.
+    ``pad_to_multiple_of``: the packed width is rounded up to a multiple of it (TRL's collator
+    pads its padding-free row the same way)."""
+
+    max_tokens: int | None = None
+    pad_to_multiple_of: int | None = None
+
+
+def padding_free_plan(model: Any, attention_mask: torch.Tensor, settings: PaddingFree) -> PackingPlan:
+    """The packed layout of a right-padded ``[B, T]`` batch for a padding-free forward (see
+    :class:`PaddingFree`); every row is packed, whether or not that saves a row."""
+    B, T = attention_mask.shape
+    lengths = attention_mask.sum(1)
+    prefix = torch.arange(T, device=attention_mask.device)[None, :] < lengths[:, None]
+    if not torch.equal(attention_mask.bool(), prefix):
+        from ..errors import ConfigError
+
+        raise ConfigError("padding_free packs right-padded rows (an attention mask of ones, then zeros); this batch has "
+                          "a row with padding inside or on the left — build it with rlcore.loop.pack / Batch.from_trajectories")
+    sizes = [int(n) for n in lengths.tolist()]
+    longest = max(sizes, default=0)
+    if is_varlen_attention(attention_implementation(model)):
+        width = sum(sizes)  # one row: the varlen kernels take the sequences end to end
+    else:
+        width = max(int(settings.max_tokens or 0), longest)
+    m = settings.pad_to_multiple_of
+    if m and m > 1 and width % m:
+        width += m - width % m
+    return PackingPlan(sizes, T, attention_mask.device, width=max(1, width))
+
+
+def varlen_kwargs(plan: PackingPlan) -> dict[str, Any]:
+    """flash-attention's sequence boundaries of a one-row plan (TRL's collator passes the same keys):
+    without them transformers derives them from ``position_ids`` with a device sync in every layer."""
+    starts = [0]
+    for i in plan.bins[0]:
+        starts.append(starts[-1] + plan.lengths[i])
+    if starts[-1] < plan.width:  # the tail continues the last sequence
+        starts[-1] = plan.width
+    starts = [s for k, s in enumerate(starts) if k == 0 or s > starts[k - 1]]  # empty rows add no boundary
+    cu = torch.tensor(starts, dtype=torch.int32, device=plan.position_ids.device)
+    longest = int(max(b - a for a, b in zip(starts, starts[1:])))
+    return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
+
+
+def check_padding_free(model: Any) -> None:
+    """One line (:class:`~rlcore.errors.ConfigError`) unless ``model`` keeps packed sequences apart
+    under its attention implementation: two short sequences packed into one row must get the
+    logprobs each gets alone (a model that lets one see the other, or ignores ``position_ids``,
+    fails here, before training). Checked once per model object."""
+    from ..errors import ConfigError
+    from ..weights import base_model
+
+    m = base_model(model)
+    impl = attention_implementation(model)
+    if getattr(m, "_rlcore_padding_free_ok", None) == impl:
+        return
+    config = getattr(m, "config", None)
+    name = getattr(config, "_name_or_path", None) or type(m).__name__
+    family = getattr(config, "model_type", None) or type(m).__name__
+    try:
+        param = next(m.parameters())
+    except StopIteration:
+        raise ConfigError(f"padding_free: {name} has no parameters to check packing with") from None
+    vocab = int(getattr(config, "vocab_size", None) or 100)
+    g = torch.Generator().manual_seed(1234)
+    lengths = (7, 11)
+    ids = torch.randint(1, max(2, min(vocab, 5000)), (2, max(lengths)), generator=g).to(param.device)
+    attn = torch.zeros_like(ids)
+    for i, n in enumerate(lengths):
+        attn[i, :n] = 1
+    cmask = attn.float()
+    cmask[:, 0] = 0
+    was = m.training
+    m.eval()
+    try:
+        with torch.no_grad():
+            alone, _ = completion_logprobs(model, ids, attn, cmask, pack=False)
+            packed, _ = completion_logprobs(model, ids, attn, cmask, padding_free=PaddingFree(max_tokens=sum(lengths)))
+    except Exception as exc:  # noqa: BLE001 - any failure of the packed forward is the same answer
+        raise ConfigError(f"padding_free: {name} ({family}, attn_implementation={impl!r}) cannot run packed sequences "
+                          f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); train it with "
+                          "padding_free=False") from None
+    finally:
+        m.train(was)
+    diff = float((packed.float() - alone.float()).abs().max())
+    tol = 1e-3 if param.dtype in (torch.float32, torch.float64) else 0.05  # half precision: its rounding
+    if not diff <= tol:
+        raise ConfigError(f"padding_free: {name} ({family}, attn_implementation={impl!r}) does not keep packed sequences "
+                          f"apart (a packed sequence's logprobs move by {diff:.3g} from its own: it sees the sequence before "
+                          "it or ignores position_ids); train it with padding_free=False (families tested packed: "
+                          f"{', '.join(sorted(TESTED_PADDING_FREE))})")
+    m._rlcore_padding_free_ok = impl
 
 
 def is_data_parallel(model: Any) -> bool:

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import torch
 
 from ..algorithms.entropy import EntropyBonus, entropy_bonus_term
-from ..algorithms.logprobs import completion_logprobs
+from ..algorithms.logprobs import PaddingFree, completion_logprobs
 from ..algorithms.losses import opd_term
 from ..types import Batch, Trajectory
 
@@ -108,15 +108,16 @@ def pad_to_multiple(batch: Batch, multiple: int | None, pad_token_id: int) -> Ba
 
 @torch.no_grad()
 def batch_logprobs(model: Any, batch: Batch, *, temperature: float = 1.0, chunk_size: int = 1024,
-                   rows_per_pass: int | None = None) -> torch.Tensor:
+                   rows_per_pass: int | None = None, padding_free: PaddingFree | None = None) -> torch.Tensor:
     """Logprobs ``[B, T]`` of ``batch``'s tokens under ``model`` (no gradient), ``rows_per_pass``
-    rows at a time (all at once when ``None``)."""
+    rows at a time (all at once when ``None``); each pass padding-free with ``padding_free``
+    (:class:`~rlcore.algorithms.logprobs.PaddingFree`)."""
     size = max(1, int(rows_per_pass or batch.size or 1))
     parts = []
     for s in range(0, batch.size, size):
         part = batch.select(slice(s, s + size))
         lp, _ = completion_logprobs(model, part.input_ids, part.attention_mask, part.completion_mask,
-                                    temperature=temperature, chunk_size=chunk_size)
+                                    temperature=temperature, chunk_size=chunk_size, padding_free=padding_free)
         parts.append(lp)
     return torch.cat(parts, 0) if parts else torch.zeros_like(batch.completion_mask)
 
@@ -124,7 +125,7 @@ def batch_logprobs(model: Any, batch: Batch, *, temperature: float = 1.0, chunk_
 def batch_loss(model: Any, batch: Batch, loss_fn: Any, config: Any, *, temperature: float = 1.0,
                chunk_size: int = 1024, top_entropy_quantile: float = 1.0,
                use_sampler_logps: bool = False, entropy_bonus: EntropyBonus | None = None,
-               router_aux: Any = None) -> tuple[torch.Tensor, dict[str, float]]:
+               router_aux: Any = None, padding_free: PaddingFree | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss plugin on ``batch`` under ``model`` (with gradient) and its metrics.
 
     ``config`` is a :class:`~rlcore.algorithms.losses.LossConfig`. A batch with no trainable token
@@ -139,6 +140,9 @@ def batch_loss(model: Any, batch: Batch, loss_fn: Any, config: Any, *, temperatu
     optimizer-step boundary. ``policy_loss`` stays the loss plugin's value.
     ``router_aux`` (:class:`~rlcore.training.model_options.RouterAux`) adds an MoE model's
     load-balancing loss of this forward times its coefficient (TRL's ``router_aux_loss_coef``).
+    ``padding_free`` (:class:`~rlcore.algorithms.logprobs.PaddingFree`) runs the forward on the
+    batch's sequences packed end to end; the loss then reads the same ``[B, T]`` logprobs, masks
+    and normalisers as unpacked, so its value and gradient are the padded path's.
     """
     if batch.size == 0 or float(batch.completion_mask.sum()) == 0:
         device = batch.input_ids.device if batch.size else next(model.parameters()).device
@@ -151,7 +155,7 @@ def batch_loss(model: Any, batch: Batch, loss_fn: Any, config: Any, *, temperatu
     logps, entropy = completion_logprobs(
         model, batch.input_ids, batch.attention_mask, batch.completion_mask,
         temperature=temperature, chunk_size=chunk_size, entropy=True, router_logits=router_logits,
-        entropy_grad=coef != 0.0 and torch.is_grad_enabled(),
+        entropy_grad=coef != 0.0 and torch.is_grad_enabled(), padding_free=padding_free,
     )
     loss_mask = batch.completion_mask
     if top_entropy_quantile < 1.0:
@@ -182,7 +186,8 @@ def batch_loss(model: Any, batch: Batch, loss_fn: Any, config: Any, *, temperatu
     metrics = dict(metrics)
     metrics["entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1.0))
     if router_aux is not None and router_logits:
-        aux = router_aux.loss(router_logits[0], batch.attention_mask)
+        # padding-free: the router logits are of the packed rows, whose real-token mask comes second
+        aux = router_aux.loss(router_logits[0], router_logits[1] if len(router_logits) > 1 else batch.attention_mask)
         loss = loss + router_aux.coef * aux
         metrics["aux_loss"] = float(aux.detach())
     return loss, metrics

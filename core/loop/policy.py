@@ -32,6 +32,7 @@ from ..training.data_parallel import (
     allreduce_gradients, broadcast_module, broadcast_object, gather_objects, loss_normalisation, reduce_step_metrics,
     sum_over_ranks, world,
 )
+from ..algorithms.logprobs import PaddingFree, check_padding_free
 from .loss import batch_logprobs, batch_loss, pack
 
 _STATE_FILE = "policy_state.pt"
@@ -59,6 +60,10 @@ class Policy:
         cast_lm_head_to_fp32, router_aux_loss_coef: as in GRPOConfig (TRL 1.16's): a float32
             lm_head (and reference head) with float32 logits; an MoE model's load-balancing loss
             weight (``None``: the model config's own, 0: off), logged as ``aux_loss``.
+        padding_free, padding_free_max_tokens: as in GRPOConfig: every forward (the loss, the
+            policy's, reference's and teacher's logprobs) runs the batch's sequences packed end to
+            end with per-sequence ``position_ids``; the same numbers as padded. A model that cannot
+            take packed input is one line here.
         remote_group: the device group to build it on (see :func:`rlcore.distributed.initialize`); a
             group of several workers trains data-parallel (:class:`rlcore.distributed.RemotePolicy`).
             Under any process group of several ranks (a policy group, ``torchrun``) the ranks compute
@@ -116,6 +121,8 @@ class Policy:
         entropy_target: float = 0.2,
         cast_lm_head_to_fp32: bool = False,
         router_aux_loss_coef: float | None = None,
+        padding_free: bool = False,
+        padding_free_max_tokens: int | None = None,
         reference: Any = "auto",
         teacher: Any = None,
         device: Any = None,
@@ -172,6 +179,14 @@ class Policy:
                                                                    model_init_kwargs=None))
         if self.teacher_model is not None:
             self.teacher_model.to(self.device)
+        from ..training.config import check_padding_free as _check_pf_options
+
+        _check_pf_options(types.SimpleNamespace(padding_free=padding_free, padding_free_max_tokens=padding_free_max_tokens))
+        self.padding_free = PaddingFree(padding_free_max_tokens) if padding_free else None
+        if self.padding_free is not None:  # a model whose attention cannot take packed input: one line now
+            for m in (self.model, self.ref_model, self.teacher_model):
+                if m is not None:
+                    check_padding_free(m)
         self.optimizer = _adamw(model, learning_rate, weight_decay, (adam_beta1, adam_beta2), adam_epsilon)
         from transformers import get_scheduler
 
@@ -226,7 +241,7 @@ class Policy:
             batch.ref_logps = self.ref_logprobs(batch)
         if self.teacher_model is not None and batch.teacher_logps is None:  # on-policy distillation
             batch.teacher_logps = batch_logprobs(self.teacher_model, batch, temperature=self.temperature,
-                                                 chunk_size=self.logprob_chunk_size)
+                                                 chunk_size=self.logprob_chunk_size, padding_free=self.padding_free)
         weight, rows, tokens = 1.0, float(batch.size), float(batch.completion_mask.sum())
         ranks = world()[1]
         if ranks > 1:  # data-parallel: this rank's share of one process's loss over the whole batch
@@ -237,7 +252,7 @@ class Policy:
             self.model, batch, self.loss_fn, self.loss_config(num_items), temperature=self.temperature,
             chunk_size=self.logprob_chunk_size, top_entropy_quantile=self.top_entropy_quantile,
             use_sampler_logps=bool(self.loss_options.get("is_correction")),
-            entropy_bonus=self.entropy_bonus, router_aux=self.router_aux,
+            entropy_bonus=self.entropy_bonus, router_aux=self.router_aux, padding_free=self.padding_free,
         )
         (loss * loss_scale).backward()
         out = {"loss": float(loss.detach()), **metrics}
@@ -295,7 +310,7 @@ class Policy:
         self.model.eval()
         try:
             return batch_logprobs(self.model, batch, temperature=self.temperature, chunk_size=self.logprob_chunk_size,
-                                  rows_per_pass=rows_per_pass)
+                                  rows_per_pass=rows_per_pass, padding_free=self.padding_free)
         finally:
             self.model.train(was)
 
@@ -303,7 +318,8 @@ class Policy:
         """Logprobs under the reference (the frozen copy, or the base model with adapters off)."""
         batch = inputs.to(self.device) if isinstance(inputs, Batch) else \
             pack(list(inputs), [0.0] * len(inputs), self.pad_token_id, device=self.device)
-        kw = dict(temperature=self.temperature, chunk_size=self.logprob_chunk_size, rows_per_pass=rows_per_pass)
+        kw = dict(temperature=self.temperature, chunk_size=self.logprob_chunk_size, rows_per_pass=rows_per_pass,
+                  padding_free=self.padding_free)
         if self.ref_model is not None:
             return batch_logprobs(self.ref_model, batch, **kw)
         if is_peft_model(self.model):

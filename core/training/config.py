@@ -123,6 +123,8 @@ class GRPOConfig(TrainingArguments):
     gigpo_gamma: float | None = field(default=None, metadata={"help": "Deprecated: advantage_options={'gamma': …} (GiGPO's discount of per-turn rewards, default 0.95)."})
     gigpo_step_weight: float | None = field(default=None, metadata={"help": "Deprecated: advantage_options={'step_weight': …} (GiGPO's step-level weight, default 1.0)."})
     logprob_chunk_size: int = field(default=1024, metadata={"help": "Positions per lm_head chunk when computing logprobs."})
+    padding_free: bool = field(default=False, metadata={"help": "Padding-free micro-batches (TRL's SFT/DPO name): each micro-batch's sequences run end to end with per-sequence position_ids, one row under flash-attention's varlen kernels, rows of padding_free_max_tokens with a block-diagonal causal mask under sdpa/eager; the same rows, loss and gradients as padded (checked on the model at start). See docs/training.md#padding-free-micro-batches."})
+    padding_free_max_tokens: int | None = field(default=None, metadata={"help": "With padding_free under sdpa/eager attention: the width of a packed row (its mask costs width² per row); None: the micro-batch's longest sequence; a longer sequence widens its micro-batch's rows to its length. Flash-attention runs one row and ignores it."})
     overwrite_output_dir: bool = field(default=False, metadata={"help": "A fresh run may replace the run already in output_dir (its checkpoints, metrics, plots are deleted)."})
     resume_without_optimizer_state: bool = field(default=False, metadata={"help": "Resume from a checkpoint that has no optimizer, LR-scheduler or RNG state (optimizer.pt, scheduler.pt, rng_state.pth; e.g. save_only_model): the optimizer, the LR schedule and the RNG start afresh. Without it such a resume is refused."})
     failure_threshold: float = field(default=0.5, metadata={"help": "Stop the run when more than this share of trajectories fails for failure_patience generation steps in a row (1 disables)."})
@@ -506,6 +508,7 @@ def check_values(cfg: GRPOConfig) -> None:
     for name in ("max_completion_length", "num_iterations", "rollout_concurrency", "logprob_chunk_size"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name} must be at least 1, got {getattr(cfg, name)}")
+    check_padding_free(cfg)
     if cfg.temperature <= 0:
         raise ConfigError(f"temperature must be > 0 (logprobs divide by it), got {cfg.temperature}")
     if cfg.epsilon < 0 or (cfg.epsilon_high is not None and cfg.epsilon_high < 0):
@@ -523,6 +526,16 @@ def check_values(cfg: GRPOConfig) -> None:
     if cfg.max_turns is not None and cfg.max_turns < 1:
         raise ConfigError(f"max_turns must be at least 1, got {cfg.max_turns}")
     check_trl_options(cfg)
+
+
+def check_padding_free(cfg: Any) -> None:
+    """``padding_free`` / ``padding_free_max_tokens``: one line per bad value (a budget without
+    padding_free is a setting that would do nothing)."""
+    n = getattr(cfg, "padding_free_max_tokens", None)
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ConfigError(f"padding_free_max_tokens must be a positive number of tokens (or None: the longest sequence), got {n!r}")
+    if n is not None and not getattr(cfg, "padding_free", False):
+        raise ConfigError(f"padding_free_max_tokens={n} is set but padding_free is off: set padding_free=True (--padding_free) or drop it")
 
 
 def check_opd(cfg: GRPOConfig) -> None:

@@ -27,11 +27,6 @@ async def gather_maybe(values: list[Any]) -> list[Any]:
     return out
 
 
-async def call_maybe_async(fn: Callable[..., T | Awaitable[T]], *args: Any, **kwargs: Any) -> T:
-    """Call ``fn``; await its result if it is a coroutine. Sync functions run on the loop (keep them quick)."""
-    return await await_me_maybe(fn(*args, **kwargs))
-
-
 async def to_thread_if_sync(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Call an ``async def`` directly, run a blocking sync function in a worker thread.
 

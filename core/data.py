@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 from urllib.parse import parse_qsl
 
 from .errors import DatasetError
@@ -301,9 +301,3 @@ def _read_hub(name: str, split: str) -> list[dict[str, Any]]:
             f"{_source_hint(repo) if config else ''}pass a local .jsonl/.json/.parquet file instead"
         ) from exc
     return [dict(r) for r in ds]
-
-
-def iter_batches(prompts: Sequence[Prompt], batch_size: int) -> Iterable[list[Prompt]]:
-    """Consecutive batches of ``batch_size`` prompts (the last may be shorter)."""
-    for i in range(0, len(prompts), max(1, batch_size)):
-        yield list(prompts[i:i + batch_size])

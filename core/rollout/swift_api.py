@@ -109,13 +109,6 @@ class ResponseChoice:
         return getattr(self.completion, name)
 
 
-def as_completion(choice: Any) -> Completion:
-    """The :class:`Completion` behind a choice (or the completion itself)."""
-    if isinstance(choice, ResponseChoice):
-        return choice.completion
-    return choice
-
-
 def extract_logprobs(response_choice: Any) -> list[float]:
     """ms-swift's ``_extract_logprobs_from_choice``: the per-token logprobs, ``[]`` when absent."""
     lps = getattr(response_choice, "logprobs", None)

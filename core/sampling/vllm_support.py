@@ -49,10 +49,6 @@ def parse_version(version: str | None) -> tuple[int, int, int] | None:
     return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
 
 
-def is_supported(version: tuple[int, int, int] | None) -> bool:
-    return version is not None and MIN_VERSION <= version < MAX_VERSION_EXCLUSIVE
-
-
 def _vstr(version: tuple[int, int, int] | None) -> str:
     return ".".join(map(str, version)) if version else "unknown"
 

@@ -67,6 +67,7 @@ from .training.data_parallel import (
 from .training.model_options import cast_lm_head_to_fp32, router_aux
 from .training.prompts import PromptCursor, as_rows, check_columns, make_prompt
 from .training.prompt_sampler import make_prompt_sampler
+from .training.dynamic_sampling import DynamicSampling, check_metric as check_dynamic_sampling_metric, stop_line
 from .training.health import RunHealth
 from .training.metrics import MetricAccumulator, append_jsonl, rollout_metrics, truncate_jsonl
 from .training.plots import write_plots
@@ -76,6 +77,11 @@ from .types import Batch, Trajectory
 __all__ = ["GRPOConfig", "GRPOTrainer", "high_entropy_mask"]
 
 logger = logging.getLogger(__name__)
+
+
+def _fresh_streak() -> dict[str, Any]:
+    """Dynamic sampling's count of skipped steps in a row (saved in checkpoints)."""
+    return {"steps": 0, "rounds": 0, "groups": 0, "spread": 0, "values": [], "flat": None}
 
 
 def _is_tokenizer(obj: Any) -> bool:
@@ -252,6 +258,10 @@ class GRPOTrainer(Trainer):
         # which rows each generation draws (prompt_sampler: uniform = the cursor as it is)
         self.prompt_sampler = make_prompt_sampler(args.prompt_sampler, self.cursor, args.prompt_sampler_options)
         self._prompt_rows: dict[str, int] = {}  # group id of a drawn prompt -> its row, until scored
+        self._ds_streak = _fresh_streak()  # dynamic sampling: steps in a row with too few groups with spread
+        self._skipped_micro_step = False
+        if args.dynamic_sampling:
+            check_dynamic_sampling_metric(args.dynamic_sampling_metric, [r.name for r in self.reward_objects])
         self._buffer: list[dict[str, Any]] = []
         self._train_metrics = MetricAccumulator()
         self._gen_metrics: dict[str, float] = {}
@@ -296,16 +306,29 @@ class GRPOTrainer(Trainer):
     def _prepare_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
         if not self.model.training:  # evaluation is not part of GRPO here
             return inputs
+        if "batch" in inputs:  # a micro-batch already taken from the buffer (training_step took it first)
+            return inputs
         if not self._buffer:
             self._buffer = self._generate_and_score()
         return self._buffer.pop(0)
 
+    def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> Any:
+        """``Trainer.training_step``, except for a step dynamic sampling skipped (too few groups with
+        reward spread): no forward, no backward, so every gradient stays None and the optimizer moves
+        no weight and no moment (the LR schedule and global_step still advance)."""
+        model.train()  # as Trainer.training_step: _prepare_inputs takes a micro-batch in train mode only
+        inputs = self._prepare_inputs(inputs)
+        self._skipped_micro_step = bool(inputs.get("skip"))
+        if self._skipped_micro_step:
+            return torch.zeros((), device=self.args.device)
+        return super().training_step(model, inputs, num_items_in_batch)
+
     # --- one generation step ----------------------------------------------------------------------------
-    def _next_prompts(self) -> list[Any]:
-        """This process's prompts of the next generation batch. Every data-parallel rank walks the
-        same seeded order and keeps every ``world_size``-th prompt (whole groups, so group-relative
-        advantages see complete groups)."""
-        idx = self.prompt_sampler.take(self.args.prompts_per_generation)
+    def _next_prompts(self, n: int | None = None) -> list[Any]:
+        """This process's prompts of the next generation batch (``n`` prompts in all ranks, default
+        ``prompts_per_generation``). Every data-parallel rank walks the same seeded order and keeps
+        every ``world_size``-th prompt (whole groups, so group-relative advantages see complete groups)."""
+        idx = self.prompt_sampler.take(self.args.prompts_per_generation if n is None else int(n))
         idx = idx[int(self.args.process_index) :: max(1, int(self.args.world_size))]
         prompts = [make_prompt(self.rows[i], self.processing_class, self.has_prompt, self.prompt_column,
                                self.args.max_prompt_length, self.system_prompt) for i in idx]
@@ -380,6 +403,16 @@ class GRPOTrainer(Trainer):
         )
 
     def _score(self, trajs: list[Trajectory]) -> tuple[Any, dict[str, list[float | None]], AdvantageStats]:
+        columns = self._reward_columns(trajs)
+        # data-parallel: the estimator sees every rank's batch (batch statistics as one process would
+        # compute them); this rank keeps its slice. One process: the batch is this one.
+        self.whole_batch = whole = whole_batch(trajs, columns)
+        stats = self._advantages(whole)
+        return whole.local(self.whole_advantages), columns, stats
+
+    def _reward_columns(self, trajs: list[Trajectory]) -> dict[str, list[float | None]]:
+        """Score ``trajs`` with every reward (columns on the trajectories, the weighted sum in
+        ``.reward``); a reward failing on every sample stops the run."""
         context = RewardContext(trainer_state=self.state, log_metric=self._log_reward_metric, log_extra=self._log_reward_extra,
                                 environment_of=getattr(self.scheduler_obj, "environment_for", None))
         for r in self.reward_objects:
@@ -398,9 +431,10 @@ class GRPOTrainer(Trainer):
             for r in self.reward_objects if hasattr(r, "timeouts")
         })
         self._check_reward_failures(len(trajs))
-        # data-parallel: the estimator sees every rank's batch (batch statistics as one process would
-        # compute them); this rank keeps its slice. One process: the batch is this one.
-        self.whole_batch = whole = whole_batch(trajs, columns)
+        return columns
+
+    def _advantages(self, whole: Any) -> AdvantageStats:
+        """The advantage estimator over ``whole`` (every rank's trajectories): ``whole_advantages``."""
         groups = [t.group_id for t in whole.trajectories]
         if self.args.multi_objective_aggregation == "normalize_then_sum":  # GDPO: each reward normalised per group first
             rewards = torch.tensor(normalize_then_sum(whole.columns, self.reward_weights, groups,
@@ -418,7 +452,7 @@ class GRPOTrainer(Trainer):
         if not isinstance(stats, AdvantageStats):
             stats = AdvantageStats(groups=len(group_indices(groups)))
         self.whole_advantages = advantage_list(adv)
-        return whole.local(self.whole_advantages), columns, stats
+        return stats
 
     def _check_reward_failures(self, n: int) -> None:
         """A reward that raised (or scored ±inf) on every sample stops the run (chained to its first
@@ -472,31 +506,54 @@ class GRPOTrainer(Trainer):
     def _generate_and_score(self) -> list[dict[str, Any]]:
         t0 = time.perf_counter()
         self.sync_weights()
-        prompts = self._next_prompts()
-        trajs = self.rollout(prompts)
-        t_rollout = time.perf_counter() - t0
-        adv, columns, stats = self._score(trajs)
-        self._observe_prompts(trajs)
+        ds = None
+        if self.args.dynamic_sampling:  # rounds of prompts until the batch's groups all have reward spread
+            trajs, generated, ds, t_rollout = self._dynamic_sampling_rounds(t0)
+            stats = self._advantages(self.whole_batch) if self.whole_batch.trajectories else AdvantageStats(groups=0)
+            if not self.whole_batch.trajectories:
+                self.whole_advantages = []
+            adv = self.whole_batch.local(self.whole_advantages)
+        else:
+            prompts = self._next_prompts()
+            trajs = self.rollout(prompts)
+            t_rollout = time.perf_counter() - t0
+            adv, columns, stats = self._score(trajs)
+            self._observe_prompts(trajs)
+            generated = self.whole_batch
         adv_list = advantage_list(adv)
-        # failed (and, if asked, truncated) trajectories do not train
-        batch = pack(trajs, adv_list, self.pad_token_id, mask_truncated=self.args.mask_truncated_completions,
-                     device=self.args.device)
-        batch = pad_to_multiple(batch, self._pad_multiple, self.pad_token_id)
-        self._attach_logps(batch)
-        whole = self.whole_batch  # every rank's batch: metrics and the health verdict speak for the run
+        if ds is not None and ds.short:  # too few groups with spread: this step trains on nothing (see training_step)
+            empty = pack([], [], self.pad_token_id, device=self.args.device)
+            micro = [{"batch": empty, "num_items": 0.0, "skip": True} for _ in range(self.micro_steps_per_generation)]
+            batch = None
+        else:
+            # failed (and, if asked, truncated) trajectories do not train
+            batch = pack(trajs, adv_list, self.pad_token_id, mask_truncated=self.args.mask_truncated_completions,
+                         device=self.args.device)
+            batch = pad_to_multiple(batch, self._pad_multiple, self.pad_token_id)
+            if batch.size:  # a rank whose share of a short dynamic-sampling batch is empty has nothing to score
+                self._attach_logps(batch)
+        whole = generated  # every rank's batch (every round's): metrics and the health verdict speak for the run
         self._gen_metrics = rollout_metrics(whole.trajectories, whole.columns, stats.zero_std_frac)
         self._gen_metrics.update(getattr(self, "_reward_errors", {}))
+        if ds is not None:
+            self._gen_metrics.update(ds.metrics())
+            kept = max(1.0, self._gen_metrics["dynamic_sampling/kept_groups"])
+            if not ds.short:  # what one group with a learning signal cost in sampled tokens (every round's)
+                self._gen_metrics["dynamic_sampling/tokens_per_kept_group"] = self._gen_metrics["sampled_tokens"] / kept
         self._gen_metrics.update(self.prompt_sampler.metrics())  # prompt_sampler/skipped … (uniform: none)
         self._gen_metrics["invariant_violations"] = float(getattr(self, "_invariant_failures", 0))
         self._gen_metrics["invariant_check_time"] = float(getattr(self, "_invariant_check_s", 0.0))
         self.health.check(whole.trajectories)  # raises RunFailedError on a dead run (on every rank alike)
+        if ds is not None:
+            self._dynamic_sampling_verdict(ds)  # failure_patience skipped steps in a row: the run stops
         for name, values in self._pending_reward_metrics.items():
             self._gen_metrics[name] = sum(values) / len(values) if values else float("nan")
         self._pending_reward_metrics = {}
-        self.completion_extras = self._pending_reward_extras
+        # a reward's log_extra columns line up with one rollout; dynamic sampling's batch is picked from several
+        self.completion_extras = self._pending_reward_extras if ds is None else {}
         self._pending_reward_extras = {}
-        if self.args.log_completions:
-            self._log_completions(whole.trajectories, self.whole_advantages, extras_from=whole.start)
+        if self.args.log_completions and self.whole_batch.trajectories:  # the trained batch
+            self._log_completions(self.whole_batch.trajectories, self.whole_advantages, extras_from=self.whole_batch.start)
         scheduler_metrics = getattr(self.scheduler_obj, "metrics", None)
         if callable(scheduler_metrics):  # e.g. openenv/* client counters (retries, timeouts, sessions)
             self._gen_metrics.update({k: float(v) for k, v in scheduler_metrics().items()})
@@ -508,7 +565,98 @@ class GRPOTrainer(Trainer):
             self.state.num_input_tokens_seen = int(getattr(self.state, "num_input_tokens_seen", 0) or 0) + seen
         self._gen_metrics["num_tokens"] = float(self.state.num_input_tokens_seen)
         self._generations += 1
-        return self._micro_batches(batch)
+        return micro if batch is None else self._micro_batches(batch)
+
+    # --- dynamic sampling (DAPO) --------------------------------------------------------------------
+    def _rollout_refill(self, prompts: Sequence[Any]) -> list[Trajectory]:
+        """A dynamic-sampling refill round: rolled out now, with the current policy."""
+        return self.rollout(prompts)
+
+    def _rounds_done(self) -> None:
+        """Called when a step's dynamic-sampling rounds are over (the Ray trainer starts its prefetch)."""
+
+    def _dynamic_sampling_verdict(self, ds: DynamicSampling) -> None:
+        """Count skipped steps in a row (and what their groups scored); ``failure_patience`` of them
+        stop the run with one line naming the reward that gave every group one score."""
+        if not ds.short:
+            self._ds_streak = _fresh_streak()
+            return
+        k = self._ds_streak
+        k["steps"] += 1
+        k["rounds"] += ds.rounds
+        k["groups"] += ds.generated_groups
+        k["spread"] += len(ds.kept)
+        k["values"] = sorted(set(k["values"]) | ds.flat_values)[:16]
+        flat = ds.flat_columns or []
+        k["flat"] = flat if k["flat"] is None else [c for c in k["flat"] if c in flat]
+        self._gen_metrics["dynamic_sampling/skipped_in_a_row"] = float(k["steps"])
+        if k["steps"] >= self.args.failure_patience:
+            from .errors import RunFailedError
+
+            raise RunFailedError(stop_line(k["flat"], self.args.dynamic_sampling_metric, k["values"], k["rounds"],
+                                           k["steps"], k["groups"], self.args.max_resample_rounds, spread=k["spread"],
+                                           min_groups=self.args.min_groups, gens=self.args.num_generations,
+                                           reward_names=[r.name for r in self.reward_objects]))
+        logger.warning("dynamic sampling: %d of %d groups had reward spread after %d rounds, fewer than min_groups=%d; "
+                       "step %d is skipped (no update; %d skipped in a row, the run stops at failure_patience=%d)",
+                       len(ds.kept), ds.generated_groups, ds.rounds, self.args.min_groups, self.state.global_step + 1,
+                       k["steps"], self.args.failure_patience)
+
+    def _dynamic_sampling_rounds(self, t0: float) -> tuple[list[Trajectory], Any, DynamicSampling, float]:
+        """Draw, roll out and score rounds of prompts until the batch has ``prompts_per_generation``
+        groups with reward spread (or ``max_resample_rounds`` extra rounds are spent). Every rank
+        decides from every rank's groups, so all keep the same groups, and each trains its
+        ``world_size``-th share of them (the batch shape one process would have, cut alike).
+        Returns this rank's trajectories to train, every round's trajectories (a WholeBatch, for the
+        metrics), the step's bookkeeping and the rollout time; sets ``whole_batch`` to the kept batch."""
+        from .training.data_parallel import WholeBatch, gather_objects
+
+        a = self.args
+        rank, size = world()
+        ds = DynamicSampling(a.prompts_per_generation, a.max_resample_rounds, a.min_groups, a.dynamic_sampling_metric)
+        generated: list[Trajectory] = []
+        names: list[str] = []
+        errors: dict[str, float] = {}
+        t_rollout = 0.0
+        while (n := ds.next_draw()):
+            t1 = time.perf_counter()
+            prompts = self._next_prompts(n)
+            trajs = self.rollout(prompts) if ds.rounds == 0 else self._rollout_refill(prompts)
+            t_rollout += time.perf_counter() - t1
+            columns = self._reward_columns(trajs)
+            for k, v in getattr(self, "_reward_errors", {}).items():
+                errors[k] = errors.get(k, 0.0) + v
+            self._observe_prompts(trajs)  # a filtered group still tells the prompt sampler how its prompt scored
+            whole = whole_batch(trajs, columns)
+            names.extend(c for c in whole.columns if c not in names)
+            # draw order: rank r rolled out prompts r, r + size, r + 2·size … of the round
+            parts = gather_objects([t.group_id or t.uuid for t in trajs])
+            where: dict[str, tuple[int, int]] = {}
+            for r, gids in enumerate(parts):
+                for j, g in enumerate(dict.fromkeys(gids)):
+                    where.setdefault(g, (j * size + r, r))
+            ordered = sorted(whole.trajectories, key=lambda t: where.get(t.group_id or t.uuid, (1 << 30, 0)))
+            ds.add(ordered, drawn=n)
+            generated.extend(whole.trajectories)
+        self._rounds_done()
+        self._reward_errors = errors
+        groups = ds.take()
+        shares = [groups[r::size] for r in range(size)]
+        kept: list[Trajectory] = []
+        start = stop = 0
+        for r, share in enumerate(shares):
+            if r == rank:
+                start = len(kept)
+            kept.extend(t for g in share for t in g)
+            if r == rank:
+                stop = len(kept)
+
+        def cols(trajs: list[Trajectory]) -> dict[str, list[float | None]]:
+            return {c: [t.rewards.get(c) for t in trajs] for c in names}
+
+        self.whole_batch = WholeBatch(kept, cols(kept), start, stop)
+        mine = [t for g in shares[rank] for t in g]
+        return mine, WholeBatch(generated, cols(generated), 0, 0), ds, t_rollout
 
     def _log_completions(self, trajs: list[Trajectory], advantages: list[Any], prefix: str = "",
                          extras_from: int = 0) -> None:
@@ -820,6 +968,8 @@ class GRPOTrainer(Trainer):
             self.prompt_sampler.load_state_dict(state["prompt_sampler"]["state"])
         self._generations = int(state.get("generations", 0))
         self._gen_metrics = dict(state.get("gen_metrics", {}))
+        if state.get("dynamic_sampling") is not None:
+            self._ds_streak = {**_fresh_streak(), **state["dynamic_sampling"]}
         if self.entropy_bonus is not None and self.entropy_bonus.adaptive and state.get("entropy_control") is not None:
             self.entropy_bonus.load_state_dict(state["entropy_control"])
         self._buffer = [dict(mb, batch=mb["batch"].to(self.args.device)) for mb in (buffer or [])]
@@ -844,6 +994,7 @@ class GRPOTrainer(Trainer):
                 "prompt_sampler": {"name": self.args.prompt_sampler, "state": self.prompt_sampler.state_dict()},
                 "generations": self._generations,
                 "gen_metrics": self._gen_metrics,
+                "dynamic_sampling": self._ds_streak if self.args.dynamic_sampling else None,
                 "run_id": getattr(self, "run_id", None),
                 "sampler_rng": self.sampler.rng_state() if hasattr(self.sampler, "rng_state") else None,
                 # TRL's entropy_ctrl_state.json: the adaptive coefficient and the last measured entropy

@@ -68,6 +68,8 @@ class RayGRPOTrainer(GRPOTrainer):
     # --- gradients ---------------------------------------------------------------------------------------
     def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> Any:
         loss = super().training_step(model, inputs, num_items_in_batch)
+        if self._skipped_micro_step:  # a step dynamic sampling skipped: no gradient anywhere (every rank alike)
+            return loss
         if self.world > 1 and self.accelerator.sync_gradients and not is_data_parallel(model):
             allreduce_gradients(self.model)  # DDP-wrapped models were already synced by DDP
         return loss
@@ -96,16 +98,35 @@ class RayGRPOTrainer(GRPOTrainer):
             return super().rollout(prompts)
         if self._pending is None:  # first step: nothing prefetched yet
             trajs = super().rollout(prompts)
-            self._prefetch(self._next_prompts())
+            self._start_prefetch(self._next_prompts())
         else:
             t0 = time.perf_counter()
             trajs = self._take_rollout(self._pending.result())
+            self._pending = None
             self._dist_metrics["async/wait_seconds"] = time.perf_counter() - t0
-            self._prefetch(prompts)
+            self._start_prefetch(prompts)
         version = int(self.state.global_step)
         kept, dropped = filter_stale(trajs, version, self.max_staleness)
         self._dist_metrics.update(staleness_metrics(kept, dropped, version))
         return kept
+
+    def _start_prefetch(self, prompts: Sequence[Any]) -> None:
+        """Prefetch ``prompts`` now, or — with dynamic sampling — once this step's refill rounds are
+        over (they roll out now, with the current policy, on the same samplers)."""
+        if self.args.dynamic_sampling:
+            self._held_prompts = list(prompts)
+        else:
+            self._prefetch(prompts)
+
+    def _rollout_refill(self, prompts: Sequence[Any]) -> list[Trajectory]:
+        """A dynamic-sampling refill round: synchronous, whatever the async mode (the next step's
+        batch is prefetched after the rounds)."""
+        return GRPOTrainer.rollout(self, prompts)
+
+    def _rounds_done(self) -> None:
+        held, self._held_prompts = getattr(self, "_held_prompts", None), None
+        if held is not None:
+            self._prefetch(held)
 
     @property
     def optimizer_steps_per_generation(self) -> int:

@@ -40,6 +40,8 @@ _EXPORTS = {
     "batch_logprobs": ".loss",
     "advantage_list": ".loss",
     "set_placer": ".placement",
+    "DynamicSampling": "..training.dynamic_sampling",
+    "filter_groups": "..training.dynamic_sampling",
 }
 
 __all__ = sorted(_EXPORTS)

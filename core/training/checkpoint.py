@@ -648,6 +648,8 @@ _STATE_TYPES: dict[str, tuple[Any, str]] = {
     "gen_metrics": (lambda v: isinstance(v, dict), "an object"),
     "run_id": (lambda v: v is None or isinstance(v, str), "a string"),
     "entropy_control": (lambda v: v is None or isinstance(v, dict), "an object"),
+    "dynamic_sampling": (lambda v: v is None or (isinstance(v, dict) and all(_is_int(v.get(k, 0)) for k in (
+        "steps", "rounds", "groups", "spread"))), "an object of integer counts"),
     "prompt_sampler": (lambda v: v is None or (isinstance(v, dict) and isinstance(v.get("name"), str)
                                                and isinstance(v.get("state"), dict)), "an object with name and state"),
 }

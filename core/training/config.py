@@ -109,6 +109,10 @@ class GRPOConfig(TrainingArguments):
     max_turns: int | None = field(default=None, metadata={"help": "Turns per trajectory (default: the scheduler's)."})
     prompt_sampler: str = field(default="uniform", metadata={"help": "Which prompts each generation rolls out: uniform (every row once per epoch, in the seeded order) or difficulty (skip or down-weight prompts whose last window groups all scored one same reward), or a registered prompt_sampler (rlcore components prompt_sampler)."})
     prompt_sampler_options: dict | str | None = field(default=None, metadata={"help": "JSON dict of the prompt sampler's options (difficulty: window, mode, min_weight)."})
+    dynamic_sampling: bool = field(default=False, metadata={"help": "DAPO's dynamic sampling: drop groups whose completions all scored the same (no learning signal) and roll out more prompts until the batch has prompts_per_generation groups with reward spread (surplus groups are dropped); see docs/training.md#dynamic-sampling."})
+    max_resample_rounds: int = field(default=9, metadata={"help": "With dynamic_sampling: the most extra rounds of prompts one step draws to refill its batch (DAPO's recipe: 10 generation batches in all, verl's max_num_gen_batches)."})
+    min_groups: int = field(default=1, metadata={"help": "With dynamic_sampling: the fewest groups with spread a step trains on once max_resample_rounds are spent (a smaller batch); fewer skips the step (no update), and failure_patience skipped steps in a row stop the run."})
+    dynamic_sampling_metric: str = field(default="reward", metadata={"help": "With dynamic_sampling: the score a group must spread in — reward (the weighted total) or one reward's name (verl's filter_groups.metric)."})
     tool_parser: str = field(default="auto", metadata={"help": "How a tool scheduler finds the model's tool calls: auto (the format of the chat template's model family: hermes, qwen3_xml, llama3_json, gptoss, or the tokenizer's response schema) or a registered tool_parser (rlcore components tool_parser)."})
     observers: list[str] | None = field(default=None, metadata={"help": "Installed observer plugins that watch rollouts (logged only, never trained on)."})
     scheduler_options: dict | str | None = field(default=None, metadata={"help": "JSON dict of scheduler options."})
@@ -516,6 +520,7 @@ def check_values(cfg: GRPOConfig) -> None:
     if cfg.beta < 0:
         raise ConfigError(f"beta must be >= 0, got {cfg.beta}")
     check_opd(cfg)
+    check_dynamic_sampling(cfg)
     if not cfg.learning_rate >= 0 or math.isinf(cfg.learning_rate):
         raise ConfigError(f"learning_rate must be a finite number >= 0, got {cfg.learning_rate}")
     check_output_dir(cfg.output_dir)
@@ -552,6 +557,22 @@ def check_opd(cfg: GRPOConfig) -> None:
         raise ConfigError(f"teacher_model={cfg.teacher_model!r} is set but nothing uses it: set loss_type=opd or opd_coef > 0")
     if cfg.loss_type == "opd" and c > 0:
         raise ConfigError("loss_type=opd is the distillation loss alone; opd_coef weights it beside another loss_type — use one")
+
+
+def check_dynamic_sampling(cfg: GRPOConfig) -> None:
+    """``max_resample_rounds`` >= 0 and 1 <= ``min_groups`` <= the groups of a batch; dynamic sampling
+    needs groups of two or more (one line each). Which reward ``dynamic_sampling_metric`` names is
+    checked when the trainer knows its rewards."""
+    r, m = cfg.max_resample_rounds, cfg.min_groups
+    if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+        raise ConfigError(f"max_resample_rounds must be an int >= 0 (extra rounds of prompts per step), got {r!r}")
+    groups = cfg.prompts_per_generation
+    if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= max(1, groups):
+        raise ConfigError(f"min_groups must be an int from 1 to the {groups} groups of a generation batch "
+                          f"(generation_batch_size / num_generations), got {m!r}")
+    if cfg.dynamic_sampling and cfg.num_generations < 2:
+        raise ConfigError("dynamic_sampling keeps groups whose completions differ in reward: it needs num_generations >= 2, "
+                          f"got {cfg.num_generations}")
 
 
 VLLM_MODEL_IMPLS = ("vllm", "transformers", "auto", "terratorch")  # vLLM 0.33 ModelConfig.model_impl
@@ -605,6 +626,10 @@ def validate_components(cfg: GRPOConfig, extra_rewards: int = 0, environment_rew
                           f"use_vllm=True with vllm_mode='colocate'), not sampler={cfg.sampler!r}; a vLLM server takes "
                           "--model-impl on its own command line")
     n = len(names) + extra_rewards
+    if cfg.dynamic_sampling and not extra_rewards and not environment_rewards:  # every reward is named: check now
+        from .dynamic_sampling import check_metric
+
+        check_metric(cfg.dynamic_sampling_metric, names)
     if n + environment_rewards == 0:
         raise ConfigError("no reward: pass --reward NAME (see `rlcore components reward`) or reward_funcs=")
     if cfg.reward_weights is not None and len(cfg.reward_weights) != n:

@@ -2,8 +2,9 @@
 
 Why not ``torch.distributed.init_process_group``: trainer rank 0 already belongs to the trainers'
 data-parallel default group; this second, independent group (its own TCP store) adds the
-samplers without disturbing it. Tensors travel as one flat buffer per dtype — a handful of
-broadcasts per sync instead of one per parameter.
+samplers without disturbing it. Tensors travel in buckets: flat buffers of one dtype of at most
+``bucket_bytes`` each (a larger tensor alone) — a handful of broadcasts per sync instead of one per
+parameter, and neither side ever holds a second copy of the whole model in flight.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from typing import Any, Iterable
 
 #: (name, shape, dtype name) of every tensor in a sync, in broadcast order
 TensorSpec = tuple[str, list[int], str]
+
+#: the default size of one broadcast bucket
+BUCKET_BYTES = 256 * 1024 * 1024
 
 
 def free_port() -> int:
@@ -39,7 +43,8 @@ class BroadcastGroup:
     """Rank 0 hosts the store; ``init_method`` is ``tcp://host:port``. Constructing blocks until every
     rank has joined, so callers start the other ranks' joins first (asynchronously)."""
 
-    def __init__(self, init_method: str, rank: int, world_size: int, backend: str = "gloo", timeout_s: float = 120.0) -> None:
+    def __init__(self, init_method: str, rank: int, world_size: int, backend: str = "gloo", timeout_s: float = 120.0,
+                 bucket_bytes: int = BUCKET_BYTES) -> None:
         import torch.distributed as dist
 
         host, port = init_method.removeprefix("tcp://").rsplit(":", 1)
@@ -49,6 +54,8 @@ class BroadcastGroup:
         self.backend = backend
         self.rank = rank
         self.world_size = world_size
+        self.bucket_bytes = int(bucket_bytes)
+        self.last_buckets = 0
         if backend == "nccl":
             self.pg = dist.ProcessGroupNCCL(prefixed, rank, world_size)
         elif backend == "gloo":
@@ -68,8 +75,13 @@ class BroadcastGroup:
         import torch
 
         items = [(n, t.detach()) for n, t in named]
-        for flat, _ in _buckets(items, device or ("cuda" if self.backend == "nccl" else "cpu")):
+        dev = device or ("cuda" if self.backend == "nccl" else "cpu")
+        by_name = dict(items)
+        plan = bucket_plan(specs_of(items), self.bucket_bytes)
+        for _, group in plan:
+            flat = torch.cat([by_name[name].reshape(-1).to(dev) for name, _, _ in group])
             self._broadcast(flat)
+        self.last_buckets = len(plan)
         return specs_of(items)
 
     def receive(self, specs: list[TensorSpec], device: Any = "cpu") -> dict[str, Any]:
@@ -78,7 +90,8 @@ class BroadcastGroup:
 
         dev = torch.device("cuda" if self.backend == "nccl" else device)
         out: dict[str, Any] = {}
-        for dtype_name, group in _group_specs(specs):
+        plan = bucket_plan(specs, self.bucket_bytes)
+        for dtype_name, group in plan:
             dtype = getattr(torch, dtype_name)
             numel = sum(_numel(shape) for _, shape, _ in group)
             flat = torch.empty(numel, dtype=dtype, device=dev)
@@ -88,6 +101,7 @@ class BroadcastGroup:
                 n = _numel(shape)
                 out[name] = flat[offset:offset + n].view(shape)
                 offset += n
+        self.last_buckets = len(plan)
         return out
 
 
@@ -102,18 +116,31 @@ def _numel(shape: list[int]) -> int:
     return n
 
 
-def _group_specs(specs: list[TensorSpec]) -> list[tuple[str, list[TensorSpec]]]:
+def _itemsize(dtype_name: str) -> int:
+    import torch
+
+    return int(torch.empty((), dtype=getattr(torch, dtype_name)).element_size())
+
+
+def bucket_plan(specs: list[TensorSpec], bucket_bytes: int = BUCKET_BYTES) -> list[tuple[str, list[TensorSpec]]]:
+    """The broadcast order both sides derive from the specs: tensors grouped by dtype (in order of
+    first appearance), each dtype cut into buckets of at most ``bucket_bytes`` (a tensor larger
+    than that is a bucket of its own)."""
     order: dict[str, list[TensorSpec]] = {}
     for s in specs:
         order.setdefault(s[2], []).append(s)
-    return list(order.items())
-
-
-def _buckets(items: list[tuple[str, Any]], device: Any) -> list[tuple[Any, str]]:
-    """One flat tensor per dtype, in the same order :func:`_group_specs` rebuilds."""
-    import torch
-
-    by_dtype: dict[str, list[Any]] = {}
-    for _, t in items:
-        by_dtype.setdefault(str(t.dtype).removeprefix("torch."), []).append(t)
-    return [(torch.cat([t.reshape(-1).to(device) for t in ts]), d) for d, ts in by_dtype.items()]
+    plan: list[tuple[str, list[TensorSpec]]] = []
+    for dtype_name, group in order.items():
+        size = _itemsize(dtype_name)
+        current: list[TensorSpec] = []
+        used = 0
+        for spec in group:
+            n = _numel(spec[1]) * size
+            if current and used + n > bucket_bytes:
+                plan.append((dtype_name, current))
+                current, used = [], 0
+            current.append(spec)
+            used += n
+        if current:
+            plan.append((dtype_name, current))
+    return plan

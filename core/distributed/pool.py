@@ -5,9 +5,10 @@ trajectory is routed to one worker (sticky, least-loaded; see :mod:`rlcore.distr
 and weight updates go to all workers at once through the Ray object store (the weights are put
 once, every worker reads the same object). Time per sync is recorded in :attr:`last_sync`.
 
-Failure behaviour (documented in docs/distributed.md): when a sampler worker dies, its requests are
-retried on the remaining workers and it is dropped from the pool — generation *recovers* at lower
-throughput. When no worker is left, or one stops answering for ``timeout_s``, generation fails
+Failure behaviour (documented in docs/distributed.md): when a sampler worker dies, its in-flight
+trajectories are retried on the remaining workers, once each (a second dead worker under the same
+trajectory fails it with the reason), and it is dropped from the pool — generation *recovers* at
+lower throughput. When no worker is left, or one stops answering for ``timeout_s``, generation fails
 with :class:`~rlcore.distributed.errors.WorkerFailedError` — it never hangs.
 """
 
@@ -42,6 +43,8 @@ class RemoteSampler(Sampler):
         self.last_sync: dict[str, float] = {}
         self.sync_history: list[dict[str, float]] = []
         self.dead: dict[int, str] = {}
+        #: requests moved to another worker after theirs died
+        self.retries = 0
         self._accepts_lora: bool | None = None
         self._broadcast: Any = None  # a BroadcastGroup, in the process that owns the weights
         self._broadcast_members: list[int] = []
@@ -63,8 +66,11 @@ class RemoteSampler(Sampler):
 
     # --- generation --------------------------------------------------------------------------------
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
-        """Route to the trajectory's worker; on a dead worker, retry on the others."""
+        """Route to the trajectory's worker; when that worker dies, the trajectory moves to another
+        live worker once (its earlier turns stay as sampled); a second dead worker, or none left,
+        ends it with :class:`WorkerFailedError` (the rollout fails that trajectory with the reason)."""
         key = current_key()
+        attempts: list[int] = []  # this call's dead workers (a request with no trajectory key)
         while True:
             try:
                 idx = self.router.pick(key)
@@ -84,6 +90,14 @@ class RemoteSampler(Sampler):
                     raise _unwrap_task_error(exc) from None
                 self.router.mark_dead(idx)
                 self.dead[idx] = _first_line(exc)
+                attempts.append(idx)
+                lost = self.router.lost(key, idx) if key is not None else attempts
+                self.retries += 1
+                if len(lost) > 1:
+                    raise WorkerFailedError(
+                        f"sampler workers {', '.join(str(i) for i in lost)} died under this trajectory "
+                        f"({self.dead[lost[-1]]}); it was retried once and is not retried again"
+                    ) from None
             finally:
                 self.router.inflight[idx] -= 1
 
@@ -107,17 +121,19 @@ class RemoteSampler(Sampler):
             self._accepts_lora = all(i["accepts_lora"] for i in infos)
         return self._accepts_lora
 
-    def setup_broadcast(self, backend: str = "gloo") -> None:
+    def setup_broadcast(self, backend: str = "gloo", bucket_bytes: int | None = None) -> None:
         """Form a broadcast group of this process (rank 0, the weight owner) and every live sampler
-        worker; later syncs travel over it (NCCL between GPUs) instead of the object store."""
+        worker; later syncs travel over it (NCCL between GPUs) instead of the object store, in
+        buckets of at most ``bucket_bytes`` (default :data:`~rlcore.distributed.collective.BUCKET_BYTES`)."""
         ray = require_ray()
-        from .collective import BroadcastGroup, free_port, node_ip
+        from .collective import BUCKET_BYTES, BroadcastGroup, free_port, node_ip
 
+        size = int(bucket_bytes or BUCKET_BYTES)
         init = f"tcp://{node_ip()}:{free_port()}"
         members = self.alive_workers
         world = len(members) + 1
-        refs = [self.workers[i].join_sync_group.remote(init, k + 1, world, backend) for k, i in enumerate(members)]
-        self._broadcast = BroadcastGroup(init, 0, world, backend, timeout_s=self.timeout_s)
+        refs = [self.workers[i].join_sync_group.remote(init, k + 1, world, backend, size) for k, i in enumerate(members)]
+        self._broadcast = BroadcastGroup(init, 0, world, backend, timeout_s=self.timeout_s, bucket_bytes=size)
         ray.get(refs, timeout=self.timeout_s)
         self._broadcast_members = members
 
@@ -168,6 +184,7 @@ class RemoteSampler(Sampler):
             "sync/load_seconds_max": max((r["load_s"] for r in loads), default=0.0),
             "sync/bytes": size,
             "sync/broadcast": 1.0 if self._broadcast is not None else 0.0,
+            "sync/buckets": float(self._broadcast.last_buckets) if self._broadcast is not None else 1.0,
             "sync/workers": float(len(loads)),
             "sync/policy_version": float(new_version),
         }

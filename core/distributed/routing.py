@@ -53,6 +53,8 @@ class Router:
         self._by_uuid: OrderedDict[str, int] = OrderedDict()
         self._by_task: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._max_keys = max_keys
+        self._lost_by_uuid: OrderedDict[str, list[int]] = OrderedDict()
+        self._lost_by_task: weakref.WeakKeyDictionary[Any, list[int]] = weakref.WeakKeyDictionary()
 
     def pick(self, key: Hashable | None) -> int:
         """The worker for ``key``: its previous worker while alive, else the least-loaded live one."""
@@ -68,6 +70,36 @@ class Router:
 
     def mark_dead(self, idx: int) -> None:
         self.alive.discard(idx)
+
+    def lost(self, key: Hashable | None, idx: int) -> list[int]:
+        """Note that worker ``idx`` died under ``key``'s request; the workers ``key`` has lost so far,
+        in order (a trajectory is retried on another worker once: a second loss ends it)."""
+        history = list(self._get_lost(key) or []) + [idx]
+        self._set_lost(key, history)
+        return history
+
+    def _get_lost(self, key: Hashable | None) -> list[int] | None:
+        if key is None:
+            return None
+        if isinstance(key, str):
+            return self._lost_by_uuid.get(key)
+        try:
+            return self._lost_by_task.get(key)
+        except TypeError:
+            return None
+
+    def _set_lost(self, key: Hashable | None, history: list[int]) -> None:
+        if key is None:
+            return
+        if isinstance(key, str):
+            self._lost_by_uuid[key] = history
+            while len(self._lost_by_uuid) > self._max_keys:
+                self._lost_by_uuid.popitem(last=False)
+            return
+        try:
+            self._lost_by_task[key] = history
+        except TypeError:
+            pass
 
     def worker_of(self, key: Hashable) -> int | None:
         return self._get(key)

@@ -98,11 +98,13 @@ class SamplerWorker:
         await self.sampler.close()
 
     # --- collective weight sync (GPU: NCCL; tests: gloo) --------------------------------------------
-    def join_sync_group(self, init_method: str, rank: int, world_size: int, backend: str) -> bool:
+    def join_sync_group(self, init_method: str, rank: int, world_size: int, backend: str,
+                        bucket_bytes: int | None = None) -> bool:
         """Join the trainer-rank-0 + samplers broadcast group used by :mod:`rlcore.distributed.collective`."""
-        from .collective import BroadcastGroup
+        from .collective import BUCKET_BYTES, BroadcastGroup
 
-        self._sync_group = BroadcastGroup(init_method, rank, world_size, backend)
+        self._sync_group = BroadcastGroup(init_method, rank, world_size, backend,
+                                          bucket_bytes=int(bucket_bytes or BUCKET_BYTES))
         return True
 
     def receive_broadcast(self, specs: list[tuple[str, list[int], str]], lora: bool = False, version: int | None = None) -> dict[str, float]:

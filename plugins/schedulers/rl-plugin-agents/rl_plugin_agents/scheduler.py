@@ -135,6 +135,8 @@ class AgentProxyScheduler(RolloutScheduler):
         """The run's endpoint, started on first use."""
         if self.server is None or not self.server.running:
             self.server = ProxyServer(max_request_bytes=self.max_request_bytes, model_name=self.model_name).start()
+            # the trainer does not close its scheduler: the endpoint goes when the scheduler does
+            weakref.finalize(self, self.server.stop)
         return self.server
 
     def _limit(self) -> asyncio.Semaphore | None:

@@ -211,3 +211,32 @@ async def test_a_truncated_standard_prompt_keeps_its_tokens(tok: Any) -> None:
     untruncated = copy.deepcopy(t)
     untruncated.infos.pop("prompt_truncated")  # the same tokens without rlcore's record are not the prompt
     assert [v.check for v in check_trajectory(untruncated, tok)] == ["prompt"]
+
+
+@pytest.mark.parametrize("scheduler", ["single_turn", "multi_turn"])
+async def test_a_first_reply_is_checked_as_sampled_after_its_generation_prompt(tok: Any, scheduler: str) -> None:
+    """DeepSeek-V3's original template drops the reasoning (up to ``</think>``) of every assistant
+    message it renders, the last one too, and its generation prompt opens ``<think>\\n``: a
+    single-turn episode of a model that thinks is its prompt then exactly its sampled reply, so it
+    is sound; the same episode whose message text is not what the tokens spell is not."""
+    from rlcore.rollout import RolloutScheduler
+    from rlcore.rollout.tool_parsers import trl_template_dir
+
+    if trl_template_dir() is None:
+        pytest.skip("TRL's chat templates are not installed")
+    ds = copy.deepcopy(tok)
+    ds.chat_template = (trl_template_dir() / "deepseekv3.jinja").read_text(encoding="utf-8")
+    msgs = [{"role": "user", "content": "What is 6 times 7?"}]
+    sampler = ScriptedSampler(["Six sevens.\n</think>\n\n42"], ds)
+    sched = RolloutScheduler(sampler, tokenizer=ds) if scheduler == "single_turn" else \
+        MultiTurnScheduler(sampler, tokenizer=ds, max_turns=1)
+    res = await run_rollouts(sched, [Prompt(msgs, encode_prompt(ds, msgs))], num_generations=1,
+                             sampling_params=SamplingParams(max_tokens=24), progress=False)
+    (t,) = res.trajectories
+    assert t.status == "ok", t.reason
+    assert ds.decode(t.prompt_ids).endswith("<｜Assistant｜><think>\n") and t.messages[-1]["content"].endswith("</think>\n\n42")
+    assert check_trajectory(t, ds) == []
+    wrong = copy.deepcopy(t)
+    wrong.messages[-1]["content"] = "Six sevens.\n</think>\n\n43"
+    (v,) = check_trajectory(wrong, ds)
+    assert v.check == "tokens", v

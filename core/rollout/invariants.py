@@ -147,10 +147,11 @@ def check_trajectory(
         # (strips it, splits a <think> block out and renders it back), its rendering with each
         # trained message's content placed verbatim
         wants = [tk.render(tokenizer, traj.messages, tools=tools, add_generation_prompt=not ends_open)]
-        if ends_open and len(traj.messages) - 1 > n_prompt:
-            # the last reply, as sampled after the generation prompt of the messages before it (a
-            # thinking template renders a reply that never closed its <think> otherwise; no later
-            # turn was given that rendering, so the tokens the model saw are these)
+        if ends_open and len(traj.messages) - 1 >= n_prompt:
+            # the last reply (the first one too: a single-turn episode), as sampled after the
+            # generation prompt of the messages before it (a thinking template renders a reply that
+            # never closed its <think> otherwise, and DeepSeek-V3's drops the reasoning of even the
+            # last reply; no later turn was given that rendering, so the tokens the model saw are these)
             opener = tk.assistant_form(tokenizer, tools)[1]
             last = str(traj.messages[-1].get("content") or "")
             gen = tk.render(tokenizer, traj.messages[:-1], tools=tools, add_generation_prompt=True)

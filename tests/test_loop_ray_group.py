@@ -13,8 +13,10 @@ ray = pytest.importorskip("ray")
 
 from rlcore import SamplingParams  # noqa: E402
 from rlcore.algorithms.advantages import GRPOAdvantage  # noqa: E402
-from rlcore.distributed import DeviceGroup, RemotePolicy, WorkerFailedError, initialize, shutdown  # noqa: E402
-from rlcore.loop import Policy, make_prompts, sample  # noqa: E402
+from rlcore.distributed import (  # noqa: E402
+    DeviceGroup, RemotePolicy, WorkerFailedError, initialize, make_sampler, shutdown,
+)
+from rlcore.loop import Policy, Rollout, make_prompts, pack, sample, sync_weights  # noqa: E402
 from rlcore.tasks import digits_dataset  # noqa: E402
 
 # AdamW divides by sqrt(v) + eps: a large eps keeps float rounding in near-zero gradients (which the
@@ -24,7 +26,8 @@ OPTS = dict(learning_rate=1e-2, adam_epsilon=1e-3, max_grad_norm=None)
 
 @pytest.fixture(scope="module")
 def groups():
-    initialize(mode="ray", groups=[DeviceGroup("model", num_workers=2, num_cpus=0.5)], num_cpus=4)
+    initialize(mode="ray", groups=[DeviceGroup("model", num_workers=2, num_cpus=0.5),
+                                   DeviceGroup("sampler", num_workers=2, num_cpus=0.5)], num_cpus=4)
     yield
     shutdown()
     initialize(mode="local")
@@ -138,3 +141,50 @@ def test_lora_grpo_group_starts_from_rank_zero_and_trains_like_one_process(group
         for key in ("loss", "policy_loss", "entropy", "grad_norm"):
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), key
     remote.close()
+
+
+@pytest.mark.timeout(600)
+def test_policy_group_syncs_to_a_sampler_group_by_broadcast(groups, batches, tiny_model_dir):
+    """Group to group: rank 0 sends once, over a gloo broadcast group (NCCL on GPUs) formed at the
+    first sync and kept for the next, in buckets; both samplers then sample with the policy's weights."""
+    policy = Policy(tiny_model_dir, loss="dapo", **OPTS, remote_group="model")
+    sampler = make_sampler("hf", tiny_model_dir, remote_group="sampler", seed=0, weight_sync="broadcast",
+                           bucket_bytes=256 * 1024)
+    _train(policy, batches[:1])
+    rollout = Rollout(sampler, SamplingParams(max_tokens=6))
+    prompts = make_prompts(digits_dataset(4), policy.tokenizer)
+    for version in (1, 2):
+        m = sync_weights(policy, sampler)
+        assert m["sync/broadcast"] == 1.0 and m["sync/workers"] == 2 and m["sync/buckets"] > 1
+        assert sampler.policy_version == version == policy.step
+        trajs = rollout(prompts, num_generations=2)
+        assert {t.policy_version for t in trajs} == {version}
+        batch = pack(trajs, [0.0] * len(trajs), policy.pad_token_id)
+        mask = batch.completion_mask.bool()
+        gap = float((policy.logprobs(trajs)[mask] - batch.sampler_logps[mask]).abs().max())
+        assert gap < 1e-3, f"the samplers do not hold the policy's weights (gap {gap})"
+        _train(policy, batches[1:])
+    assert {i["policy_version"] for i in sampler.infos()} == {2}
+    policy.close()
+
+
+def _token_spread(completion_ids):
+    return [float(sum(ids) % 13) / 13.0 for ids in completion_ids]
+
+
+@pytest.mark.timeout(600)
+def test_gsm8k_loop_example_runs_with_ray_groups(groups, tiny_model_dir, tmp_path):
+    """examples/gsm8k/loop.py --ray: DeviceGroup("model", num_workers=2) and DeviceGroup("sampler",
+    num_workers=2) on CPU actors, the loop's calls unchanged; rank 0 saves at the end."""
+    from pathlib import Path
+
+    from rlcore.testing import load_script
+
+    example = load_script(Path(__file__).resolve().parents[1] / "examples" / "gsm8k" / "loop.py")
+    rows = example.load_gsm8k(limit=2)
+    history = example.train(tiny_model_dir, rows, steps=2, prompts_per_step=2, num_generations=2, max_tokens=6,
+                            max_prompt_length=256, learning_rate=1e-3, rewards=(_token_spread,), seed=1,
+                            save_to=str(tmp_path / "final"), ray=True, model_workers=2, sampler_workers=2)
+    assert [h["step"] for h in history] == [1, 2]
+    assert all(h["num_tokens"] > 0 for h in history) and any(h["grad_norm"] > 0 for h in history)
+    assert (tmp_path / "final" / "model.safetensors").exists() and (tmp_path / "final" / "policy_state.pt").exists()

@@ -103,9 +103,18 @@ def group_for(name: str | None) -> DeviceGroup | None:
 
 
 def make_sampler(name: str, model: Any, tokenizer: Any = None, *, remote_group: str | None = None,
-                 seed: int | None = None, **options: Any) -> Any:
+                 seed: int | None = None, weight_sync: str = "auto", bucket_bytes: int | None = None,
+                 **options: Any) -> Any:
     """The registered sampler ``name`` for ``model``: here, or — with ``remote_group`` under
-    ``initialize(mode="ray")`` — one per worker of that group behind one pool (same methods)."""
+    ``initialize(mode="ray")`` — one per worker of that group behind one pool (same methods).
+
+    ``weight_sync`` (a pool): how :func:`~rlcore.loop.sync_weights` reaches its workers —
+    ``object_store`` (put once, every worker reads the same object: shared memory on one node),
+    ``broadcast`` (a torch.distributed broadcast from the process holding the weights, in buckets
+    of ``bucket_bytes``: NCCL between GPUs, gloo otherwise), ``nccl`` (the broadcast, GPUs only) or
+    ``auto`` (the broadcast when the weights and the samplers are on GPUs, else the object store)."""
+    if weight_sync not in ("auto", "object_store", "broadcast", "nccl"):
+        raise ConfigError(f"make_sampler(weight_sync={weight_sync!r}): use auto, object_store, broadcast or nccl")
     group = group_for(remote_group)
     if group is None:
         from ..plugins import get as get_component
@@ -120,8 +129,14 @@ def make_sampler(name: str, model: Any, tokenizer: Any = None, *, remote_group: 
 
     cfg = DistributedConfig(sampler=group.worker_config(), sampler_name=name, sampler_options=dict(options),
                             worker_timeout_s=_STATE.timeout_s)
+    if weight_sync == "nccl" and group.device != "gpu":
+        raise ConfigError(f"make_sampler(weight_sync='nccl'): group {group.name!r} is on {group.device}; "
+                          "NCCL needs GPU workers (use broadcast or object_store)")
     placed, pool = start_samplers(cfg, model, tokenizer=tokenizer, seed=seed)
     _STATE.placed.append(placed)
+    pool.weight_sync = "broadcast" if weight_sync == "nccl" else weight_sync
+    pool.device = group.device
+    pool.bucket_bytes = bucket_bytes
     return pool
 
 
@@ -241,9 +256,19 @@ class PolicyWorker:
         return {n: p.detach().cpu().clone() for n, p in self.policy.model.named_parameters()}
 
     def sync_to(self, sampler: Any, version: int | None) -> dict[str, float]:
+        """Send this rank's weights to a sampler pool. The pool's copy here is kept, so a broadcast
+        group formed with its workers serves every later sync (the driver's deaths carried over)."""
         from ..loop.sync import sync_weights
 
-        return sync_weights(self.policy, sampler, version=version)
+        pools = self.__dict__.setdefault("_pools", {})
+        key = tuple(str(getattr(w, "_actor_id", id(w))) for w in getattr(sampler, "workers", []))
+        mine = pools.get(key)
+        if mine is None:
+            pools[key] = mine = sampler
+        else:
+            mine.router.alive &= set(sampler.router.alive)
+            mine.weight_sync, mine.bucket_bytes = sampler.weight_sync, sampler.bucket_bytes
+        return sync_weights(self.policy, mine, version=version)
 
 
 def _cut(t: Any, width: int) -> Any:

@@ -48,6 +48,11 @@ class RemoteSampler(Sampler):
         self._accepts_lora: bool | None = None
         self._broadcast: Any = None  # a BroadcastGroup, in the process that owns the weights
         self._broadcast_members: list[int] = []
+        #: how a sync reaches the workers: ``object_store``, ``broadcast`` (NCCL between GPUs, gloo
+        #: otherwise), or ``auto`` (the broadcast when sender and samplers are all on GPUs)
+        self.weight_sync = "object_store"
+        self.device = "cpu"
+        self.bucket_bytes: int | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """Picklable (trainer workers receive the pool): routing state starts fresh on the other side."""
@@ -136,6 +141,21 @@ class RemoteSampler(Sampler):
         self._broadcast = BroadcastGroup(init, 0, world, backend, timeout_s=self.timeout_s, bucket_bytes=size)
         ray.get(refs, timeout=self.timeout_s)
         self._broadcast_members = members
+
+    def prepare_sync(self, sender_device: str = "cpu") -> str:
+        """Before a sync from a process whose weights live on ``sender_device`` (``cpu``/``cuda``):
+        form the broadcast group once when :attr:`weight_sync` asks for it; the mode used."""
+        wanted = self.weight_sync
+        gpus = self.device == "gpu" and str(sender_device).startswith("cuda")
+        if wanted == "auto":
+            wanted = "object_store"
+            if gpus:
+                import torch.distributed as dist
+
+                wanted = "broadcast" if dist.is_nccl_available() else "object_store"
+        if wanted == "broadcast" and self._broadcast is None:
+            self.setup_broadcast("nccl" if gpus else "gloo", bucket_bytes=self.bucket_bytes)
+        return self.sync_mode
 
     @property
     def sync_mode(self) -> str:

@@ -83,6 +83,8 @@ class SamplerWorker:
             "accepts_lora": sampler_accepts_lora(self.sampler),
             "requests": self.requests,
             "tokens": self.tokens,
+            # the backend's decode batches so far (hf: sequences per batch), for throughput analysis
+            "batch_sizes": list(getattr(self.sampler, "batch_sizes", None) or [])[-10_000:],
         }
 
     def ping(self) -> int:

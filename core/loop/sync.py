@@ -40,6 +40,8 @@ def sync_weights(policy: Any, sampler: Any, *, version: int | None = None) -> di
     # the Ray pool ships CPU copies through the object store (device tensors over a broadcast group);
     # in-process samplers copy the live tensors in right away, so no copy is made here
     remote = hasattr(sampler, "sync_mode")
+    if remote and hasattr(sampler, "prepare_sync"):  # a Ray pool: its broadcast group, formed once when asked for
+        sampler.prepare_sync(str(next(model.parameters()).device))
     to_cpu = remote and sampler.sync_mode != "broadcast"
     weights, lora = export_weights(model, sampler_accepts_lora=sampler_accepts_lora(sampler), to_cpu=to_cpu,
                                    copy=remote)

@@ -2,6 +2,7 @@
 
     python examples/gsm8k/loop.py --data PATH/train.jsonl   # Qwen2.5-0.5B-Instruct on a local GSM8K copy
     python examples/gsm8k/loop.py --model PATH --steps 2 --max-tokens 16 --prompts-per-step 1
+    python examples/gsm8k/loop.py --ray            # the seed's placement: a model group and a sampler group
 
 The same recipe as ``config.yaml`` / ``train.py`` (GRPOTrainer); here every step of the loop is a
 line you can change. Comments name the seed's step each line stands for. GSM8K is read from
@@ -9,6 +10,11 @@ line you can change. Comments name the seed's step each line stands for. GSM8K i
 ``../shared/data`` next to the checkout) when it is there, else a small generated set of GSM8K-style
 word problems, which the script says it uses. ``tests`` in rl-plugin-math run it for two steps on
 the CPU and hold it to GRPOTrainer: same loss, same gradients.
+
+``--ray`` places the loop as the seed does: the policy data-parallel on a ``model`` group of
+``--model-workers`` Ray actors and the sampler on a ``sampler`` group of ``--sampler-workers`` (one
+copy of the model each; the loop's calls do not change). ``--device gpu`` gives every worker a GPU
+(the seed's 4 + 4 is ``--model-workers 4 --sampler-workers 4 --device gpu``).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Any, Callable, Sequence
 
 import rlcore
 from rlcore import SamplingParams
+from rlcore.distributed import DeviceGroup, initialize, make_sampler, shutdown
 from rlcore.loop import Policy, Rewards, Rollout, make_prompts, sync_weights
 
 HERE = Path(__file__).resolve().parent
@@ -77,24 +84,54 @@ def train(
     seed: int = 1,
     on_step: Callable[[int, Policy, dict[str, float]], None] | None = None,
     save_to: str | None = None,
+    ray: bool = False,
+    model_workers: int = 2,
+    sampler_workers: int = 2,
+    device: str = "cpu",
 ) -> list[dict[str, float]]:
     """Run the loop for ``steps`` optimizer steps; returns each step's metrics. ``on_step(step,
     policy, metrics)`` runs after ``forward_backward`` and before the optimizer step (the gradients
-    are in ``policy.model``'s ``.grad``)."""
+    are in ``policy.model``'s ``.grad``; with ``ray`` the policy lives in its workers).
+
+    ``ray``: the seed's placement — ``model`` (a path) trained data-parallel on ``model_workers``
+    Ray actors, sampled by ``sampler_workers`` more (``device`` ``cpu`` or ``gpu``)."""
     import torch
 
     torch.manual_seed(seed)
     rows = list(rows) if rows is not None else load_gsm8k()
+    if ray:
+        if not isinstance(model, str):
+            raise rlcore.ConfigError("--ray: every worker loads its own copy; pass the model's path or hub id")
+        # seed: twinkle.initialize(mode='ray', groups=[DeviceGroup('model', ranks=[0..3]), DeviceGroup('sampler', ranks=[4..7])])
+        initialize(mode="ray", groups=[DeviceGroup("model", num_workers=model_workers, device=device),
+                                       DeviceGroup("sampler", num_workers=sampler_workers, device=device)])
+        try:
+            return _train(model, rows, steps, prompts_per_step, num_generations, max_tokens, max_prompt_length,
+                          temperature, learning_rate, max_grad_norm, rewards, seed, on_step, save_to, remote=True)
+        finally:
+            shutdown()
+    return _train(model, rows, steps, prompts_per_step, num_generations, max_tokens, max_prompt_length,
+                  temperature, learning_rate, max_grad_norm, rewards, seed, on_step, save_to, remote=False)
 
+
+def _train(model: Any, rows: list[dict[str, Any]], steps: int, prompts_per_step: int, num_generations: int,
+           max_tokens: int, max_prompt_length: int, temperature: float, learning_rate: float, max_grad_norm: float,
+           rewards: Sequence[Any], seed: int, on_step: Any, save_to: str | None, *, remote: bool) -> list[dict[str, float]]:
     # seed: model = TransformersModel(model_id, ...) on the "model" group; set_loss('GRPOLoss', epsilon=0.2);
-    #       set_optimizer('AdamW', lr=...)  — rlcore: a Policy (HF model + loss plugin + AdamW)
+    #       set_optimizer('AdamW', lr=...)  — rlcore: a Policy (HF model + loss plugin + AdamW);
+    #       --ray: on the "model" group, data-parallel over its workers (remote_group="model")
     started = time.perf_counter()
     progress(f"loading {model if isinstance(model, str) else type(model).__name__} …")
     policy = Policy(model, loss="grpo", epsilon=0.2, beta=0.0, learning_rate=learning_rate,
-                    max_grad_norm=max_grad_norm, temperature=temperature, disable_dropout=False)
+                    max_grad_norm=max_grad_norm, temperature=temperature, disable_dropout=False,
+                    remote_group="model" if remote else None)
     # seed: sampler = Sampler(model_id, ...) on the "sampler" group — rlcore: the colocated hf sampler,
-    #       generating with the policy's own module (swap in "vllm" / "openai" / a Ray pool; sync_weights stays)
-    sampler = rlcore.get("sampler", "hf")(policy.model, policy.tokenizer, seed=seed)
+    #       generating with the policy's own module (swap in "vllm" / "openai"; sync_weights stays);
+    #       --ray: one hf sampler per worker of the "sampler" group behind one pool
+    if remote:
+        sampler = make_sampler("hf", model, remote_group="sampler", seed=seed)
+    else:
+        sampler = rlcore.get("sampler", "hf")(policy.model, policy.tokenizer, seed=seed)
     # seed: sampling_params = SamplingParams(max_tokens=..., logprobs=1)
     sampling_params = SamplingParams(max_tokens=max_tokens, logprobs=1, temperature=temperature)
     rollout = Rollout(sampler, sampling_params)  # single turn: the "default" scheduler
@@ -164,13 +201,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--learning-rate", type=float, default=1e-6)
     ap.add_argument("--save-to", default=None)
+    ap.add_argument("--ray", action="store_true", help="the seed's placement: a model group and a sampler group on Ray")
+    ap.add_argument("--model-workers", type=int, default=2, help="--ray: data-parallel policy workers")
+    ap.add_argument("--sampler-workers", type=int, default=2, help="--ray: sampler workers")
+    ap.add_argument("--device", choices=["cpu", "gpu"], default="cpu", help="--ray: what each worker holds")
     a = ap.parse_args(argv)
     try:
         rows = load_gsm8k(a.data)
     except rlcore.RlcoreError as exc:
         ap.error(str(exc))  # one line and exit status 2, like rlcore's commands
     train(a.model, rows, steps=a.steps, prompts_per_step=a.prompts_per_step,
-          num_generations=a.num_generations, max_tokens=a.max_tokens, learning_rate=a.learning_rate, save_to=a.save_to)
+          num_generations=a.num_generations, max_tokens=a.max_tokens, learning_rate=a.learning_rate, save_to=a.save_to,
+          ray=a.ray, model_workers=a.model_workers, sampler_workers=a.sampler_workers, device=a.device)
 
 
 if __name__ == "__main__":

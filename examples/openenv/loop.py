@@ -10,6 +10,13 @@ model calls ``guess`` as a tool, and the rewards are read from the env tools (th
 rewards). ``--actions text`` plays with bare-number replies instead (``openenv_scheduler``), which
 a small model picks up faster. Comments name the seed's step each line stands for.
 ``config.yaml`` is the same recipe for ``rlcore train`` (GRPOTrainer).
+
+``--ray`` places it as the seed does: the policy data-parallel on a ``model`` group of
+``--model-workers`` Ray actors, the sampler on a ``sampler`` group of ``--sampler-workers`` (a
+trajectory's turns stay on one sampler worker, whose prefix cache then serves them); the env
+sessions and the loop stay in this process.
+
+    python examples/openenv/loop.py --env-url http://127.0.0.1:8000 --ray --model-workers 2 --sampler-workers 2
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 import rlcore
 from rlcore import SamplingParams
-from rlcore.distributed import initialize, make_sampler
+from rlcore.distributed import DeviceGroup, initialize, make_sampler, shutdown
 from rlcore.loop import MultiTurnRollout, Policy, Rewards, make_prompts, sync_weights
 
 SCHEDULERS = {"tools": "openenv_tool_scheduler", "text": "openenv_scheduler"}
@@ -48,22 +55,37 @@ def train(
     learning_rate: float = 1e-6,
     seed: int = 0,
     on_step: Callable[[int, list[Any], dict[str, float]], None] | None = None,
+    ray: bool = False,
+    model_workers: int = 2,
+    sampler_workers: int = 2,
+    device: str = "cpu",
 ) -> list[dict[str, float]]:
     """Run the loop for ``steps`` optimizer steps; returns each step's metrics. ``on_step(step,
-    trajectories, metrics)`` sees every step's episodes."""
+    trajectories, metrics)`` sees every step's episodes. ``ray``: ``model`` (a path) trained
+    data-parallel on ``model_workers`` Ray actors, sampled by ``sampler_workers`` more."""
     import torch
 
     torch.manual_seed(seed)
     rows = list(rows) if rows is not None else episodes()
+    if ray and not isinstance(model, str):
+        raise rlcore.ConfigError("--ray: every worker loads its own copy; pass the model's path or hub id")
     # seed: twinkle.initialize(mode='ray', groups=[DeviceGroup('model', ...), DeviceGroup('sampler', ...)])
-    #       rlcore: everything in this process; initialize(mode="ray", groups=[...]) + remote_group= to place them
-    initialize(mode="local")
+    #       rlcore: the same with --ray; else everything in this process (remote_group= is then ignored)
+    if ray:
+        initialize(mode="ray", groups=[DeviceGroup("model", num_workers=model_workers, device=device),
+                                       DeviceGroup("sampler", num_workers=sampler_workers, device=device)])
+    else:
+        initialize(mode="local")
     # seed: model = TransformersModel(model_id, remote_group='model'); model.set_loss('GRPOLoss'); set_optimizer(...)
     started = time.perf_counter()
     progress(f"loading {model if isinstance(model, str) else type(model).__name__} …")
-    policy = Policy(model, loss="grpo", epsilon=0.2, beta=0.0, learning_rate=learning_rate)
-    # seed: sampler = vLLMSampler(model_id, remote_group='sampler')  — here the colocated hf sampler
-    sampler = make_sampler("hf", policy.model, policy.tokenizer, seed=seed)
+    policy = Policy(model, loss="grpo", epsilon=0.2, beta=0.0, learning_rate=learning_rate, remote_group="model")
+    # seed: sampler = vLLMSampler(model_id, remote_group='sampler')  — the hf sampler: on the group with
+    #       --ray, else colocated with the policy's own module
+    if ray:
+        sampler = make_sampler("hf", model, remote_group="sampler", seed=seed)
+    else:
+        sampler = make_sampler("hf", policy.model, policy.tokenizer, seed=seed)
     # seed: sampling_params = SamplingParams(max_tokens=..., logprobs=1)
     sampling_params = SamplingParams(max_tokens=max_tokens, logprobs=1, stop=[" ", "\n"] if actions == "text" else [])
     # seed: rollout = MultiTurnRollout(sampler, sampling_params, max_turns=6)
@@ -111,6 +133,8 @@ def train(
                   flush=True)
     finally:
         rollout.close()  # the env sessions
+        if ray:
+            shutdown()  # the groups' actors
     return history
 
 
@@ -129,9 +153,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--num-generations", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--learning-rate", type=float, default=1e-6)
+    ap.add_argument("--ray", action="store_true", help="the seed's placement: a model group and a sampler group on Ray")
+    ap.add_argument("--model-workers", type=int, default=2, help="--ray: data-parallel policy workers")
+    ap.add_argument("--sampler-workers", type=int, default=2, help="--ray: sampler workers")
+    ap.add_argument("--device", choices=["cpu", "gpu"], default="cpu", help="--ray: what each worker holds")
     a = ap.parse_args(argv)
     train(a.model, a.env_url, actions=a.actions, steps=a.steps, num_generations=a.num_generations,
-          max_tokens=a.max_tokens, learning_rate=a.learning_rate)
+          max_tokens=a.max_tokens, learning_rate=a.learning_rate, ray=a.ray, model_workers=a.model_workers,
+          sampler_workers=a.sampler_workers, device=a.device)
 
 
 if __name__ == "__main__":

@@ -62,3 +62,25 @@ def test_loop_example_env_tools_path(env_server: str, tiny_model_dir: str) -> No
     assert all(t.messages[0]["content"].startswith("I am thinking of a number") for t in trajs)
     assert all(t.reward == pytest.approx(sum(t.step_rewards)) for t in trajs)
     assert len({t.uuid for t in trajs}) == 8
+
+
+@pytest.mark.timeout(600)
+def test_loop_example_with_ray_groups(env_server: str, tiny_model_dir: str) -> None:
+    """--ray: the policy on DeviceGroup("model", num_workers=2), the sampler on
+    DeviceGroup("sampler", num_workers=2), CPU actors; the episodes play several turns against the
+    server and train two steps."""
+    ray = pytest.importorskip("ray")
+    example = _example()
+    seen: list[list[Any]] = []
+    try:
+        history = example.train(
+            tiny_model_dir, env_server, example.episodes(2, high=20, max_attempts=3), actions="text", steps=2,
+            prompts_per_step=2, num_generations=2, max_turns=3, max_tokens=6, learning_rate=1e-3,
+            on_step=lambda step, trajs, metrics: seen.append(trajs), ray=True, model_workers=2, sampler_workers=2,
+        )
+    finally:
+        ray.shutdown()
+    assert [h["step"] for h in history] == [1, 2] and all(h["failed"] == 0 for h in history)
+    trajs = [t for step in seen for t in step]
+    assert len(trajs) == 8 and max(t.num_turns for t in trajs) > 1
+    assert all(t.reward == pytest.approx(sum(t.step_rewards)) for t in trajs)

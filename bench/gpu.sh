@@ -6,6 +6,8 @@
 #   3. where a graph step's time goes (decode_profile.py), fused forward and model forward
 #   4. one GRPO step rlcore vs TRL 1.16, qwen2-0.5b shape, 8 prompts x 8 x 256 tokens, fp32 then bf16
 #   5. the trainer / algorithms tests on CUDA
+#   6. padding-free micro-batches vs padded (bench/padding_free.py), qwen2-0.5b shape, bf16, 64 rows of a
+#      GSM8K-like spread: step time and peak memory; flash-attention's one-row path too where flash_attn imports
 # Every stage has its own time limit and the whole script a deadline (stages that would start past
 # it are skipped and say so); results go to $OUT (or bench/results/gpu), a summary is printed last.
 #
@@ -64,6 +66,13 @@ stage "grpo step bf16" 80 $GRPO --bf16 --out "$OUT/grpo_step_gpu_bf16"
 stage "trainer/algorithms tests (cuda)" 90 $PYTEST tests/test_trainer.py tests/test_algorithms_is_correction.py \
   tests/test_algorithms_logprobs.py tests/test_losses.py tests/test_advantages.py \
   tests/test_trainer_sleep.py::test_hf_sampler_sleeps_through_every_training_step_and_no_number_changes
+PF="python3 bench/padding_free.py --device cuda --dtype bfloat16 --models qwen2-0.5b --rows 64 --micro 4 --repeats 2 --modes padded row_packed padding_free"
+stage "padding-free step (sdpa)" 90 $PF --out "$OUT/padding_free_gpu"
+if python3 -c "import flash_attn" 2>/dev/null; then
+  stage "padding-free step (flash-attention 2)" 90 $PF --attn flash_attention_2 --out "$OUT/padding_free_gpu_fa2"
+else
+  SUMMARY+=("padding-free step (flash-attention 2): SKIPPED (flash_attn is not installed)")
+fi
 
 echo "================ summary ($(($(date +%s) - START))s)"
 printf '%s\n' "${SUMMARY[@]}"
@@ -82,4 +91,9 @@ for prec in ("fp32", "bf16"):
     if p.exists():
         r = json.loads(p.read_text())
         print(f"grpo {prec}: rlcore {r['median_step_s']['rlcore']:.2f}s (rollout {r['rlcore_median_rollout_s']}) TRL {r['median_step_s']['trl']:.2f}s ratio {r['ratio']:.3f}")
+for name in ("padding_free_gpu", "padding_free_gpu_fa2"):
+    p = out / f"{name}.json"
+    for model, rows in (json.loads(p.read_text())["results"].items() if p.exists() else []):
+        for r in rows:
+            print(f"{name} {model} {r['mode']:>12}: " + (r["error"] if "error" in r else f"{r['step_s']:.3f} s/step, peak {r['peak_mib']:.0f} MiB, x{r.get('time_ratio', 0):.2f} time, x{r.get('memory_ratio') or 0:.2f} memory vs padded"))
 EOF

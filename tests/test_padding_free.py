@@ -326,3 +326,24 @@ def test_bad_settings_are_one_line(tmp_path: Any, model: Any) -> None:
     left = batch.attention_mask.flip(1)  # left padding: not what a Batch holds
     with pytest.raises(ConfigError, match=r"^padding_free packs right-padded rows"):
         completion_logprobs(model, batch.input_ids, left, batch.completion_mask.flip(1), padding_free=PaddingFree())
+
+
+def test_flash_attention_layout_is_one_row_with_its_sequence_boundaries(model: Any) -> None:
+    """Under flash-attention the micro-batch is one row and the varlen kernels get each sequence's
+    start (the layout only: the kernels themselves need a GPU with flash_attn)."""
+    from rlcore.algorithms.logprobs import varlen_kwargs
+
+    batch = make_batch()
+    fa = copy.deepcopy(model.config)
+    fa._attn_implementation = "flash_attention_2"
+    holder = type("M", (), {"config": fa})()
+    for pf, width in ((PaddingFree(max_tokens=40), sum(LENGTHS)), (PaddingFree(pad_to_multiple_of=64), 256)):
+        plan = padding_free_plan(holder, batch.attention_mask, pf)
+        assert (plan.rows, plan.width) == (1, width)
+        kw = varlen_kwargs(plan)
+        ends = torch.tensor([LENGTHS[i] for i in plan.bins[0]]).cumsum(0).tolist()
+        ends[-1] = width  # the tail padding continues the last sequence
+        assert kw["cu_seq_lens_q"].tolist() == [0, *ends] and kw["cu_seq_lens_k"] is kw["cu_seq_lens_q"]
+        assert kw["max_length_q"] == kw["max_length_k"] == max(b - a for a, b in zip([0, *ends], ends))
+        starts = (plan.position_ids[0] == 0).nonzero().flatten().tolist()
+        assert starts == [0, *ends[:-1]]  # position ids restart exactly where the kernels cut

@@ -54,12 +54,12 @@ EXPECTED = {
     "lfm2_2_5": "preserve", "lfm2_2_5_v2": "preserve", "qwen3_6": "preserve",
     "deepseekv3": "per_turn", "glm4moe": "per_turn", "gptoss": "per_turn",
     "nemotron_3_5_lightning": "per_turn", "nemotron_3_nano": "per_turn", "nemotron_3_super": "per_turn",
-    "nemotron_3_ultra": "per_turn", "muse_glimmer": "per_turn",
+    "nemotron_3_ultra": "per_turn",
 }
 #: image-text templates: their messages are lists of content blocks, not text
 MULTIMODAL = {"idefics3", "llava_next", "smolvlm", "lfm2_2_5_vl"}
-#: channel formats rlcore has no reader for (gpt-oss's harmony has one): none left; muse-glimmer's
-#: replies (`` to=user<|message|>…``) render back otherwise than sampled, which the probe sees (per turn)
+#: channel formats rlcore has no reader for: none left (gpt-oss's harmony and muse-glimmer's ATEM
+#: replies are read into the message fields their templates render back: the reply forms)
 CHANNELS: set[str] = set()
 
 
@@ -174,11 +174,11 @@ def _supports_tools(tok: Any) -> bool:
 
 TOOLED = [n for n in _originals() if n not in MULTIMODAL | CHANNELS]
 #: a tool-call reply is kept as the tool-call message (content + tool_calls) where the template then
-#: renders it exactly as sampled (Gemma 4, gpt-oss), else as its text, else (Nemotron 3, whose template
-#: drops the empty reasoning block the generation prompt opened) a sample of its own. These families'
-#: calls are not read yet (no parser knows deepseek-v3's, diffusion-gemma's or muse-glimmer's format):
-#: their trajectories must fail, loudly, never train wrong
-TOOL_GAPS = {"muse_glimmer", "deepseekv3", "diffusion_gemma"}
+#: renders it exactly as sampled (Gemma 4, DiffusionGemma, gpt-oss, Muse Glimmer), else as its text,
+#: else (Nemotron 3, whose template drops the empty reasoning block the generation prompt opened;
+#: DeepSeek-V3, which drops the reasoning before the call) a sample of its own. Families whose calls
+#: no parser reads would be pinned here (their trajectories must fail, loudly, never train wrong): none
+TOOL_GAPS: set[str] = set()
 
 
 @pytest.mark.parametrize("family", TOOLED)

@@ -69,7 +69,8 @@ def test_calculator_and_tool_parsing_stay_bounded(name: str) -> None:
     assert all(len(r["content"]) < 20_000 for r in replies)
 
 
-@pytest.mark.parametrize("parser_name", ["hermes", "qwen3_xml", "llama3_json", "gptoss", "response_schema"])
+@pytest.mark.parametrize("parser_name", ["hermes", "qwen3_xml", "llama3_json", "gptoss", "deepseek_v3", "gemma4", "muse_atem",
+                                         "response_schema"])
 def test_every_tool_parser_stays_bounded_and_never_raises(parser_name: str, tiny_tokenizer: Any) -> None:
     """Each family's parser over every hostile completion (the ``response_schema`` one with TRL's
     gpt-oss schema, whose regexes are quadratic: it reads a bounded length)."""

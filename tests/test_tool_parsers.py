@@ -44,8 +44,10 @@ FAMILY_PARSER = {
                      "nemotron_3_ultra", "nemotron_3_5_lightning"], "qwen3_xml"),
     **dict.fromkeys(["llama3_1", "llama3_2"], "llama3_json"),
     "gptoss": "gptoss",
-    **dict.fromkeys(["glm4moe", "lfm2_v2", "lfm2_2_5", "lfm2_2_5_v2", "lfm2_2_5_vl", "gemma4", "gemma4_v2", "gemma4_v3",
-                     "gemma4_v4", "gemma4_v5"], "response_schema"),
+    **dict.fromkeys(["deepseekv3", "deepseek_r1_distill"], "deepseek_v3"),
+    **dict.fromkeys(["gemma4", "gemma4_v2", "gemma4_v3", "gemma4_v4", "gemma4_v5", "diffusion_gemma"], "gemma4"),
+    "muse_glimmer": "muse_atem",
+    **dict.fromkeys(["glm4moe", "lfm2_v2", "lfm2_2_5", "lfm2_2_5_v2", "lfm2_2_5_vl"], "response_schema"),
 }
 
 
@@ -59,19 +61,28 @@ def with_template(tokenizer: Any, name: str) -> Any:
 def rendered_call(tok: Any, calls: list[tuple[str, dict[str, Any]]], tools: list[dict[str, Any]]) -> tuple[str, str]:
     """(prompt, the assistant message's text) as the template renders a message making ``calls``."""
     user = [{"role": "user", "content": "What is the weather in Paris?"}]
-    message = {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": n, "arguments": a}} for n, a in calls]}
     prompt = tok.apply_chat_template(user, tools=tools, tokenize=False, add_generation_prompt=True)
-    full = tok.apply_chat_template(user + [message], tools=tools, tokenize=False)
+    try:
+        message = {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": n, "arguments": a}} for n, a in calls]}
+        full = tok.apply_chat_template(user + [message], tools=tools, tokenize=False)
+    except Exception:  # noqa: BLE001 - DeepSeek-V3's original template takes the arguments as JSON text
+        message = {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": n, "arguments": json.dumps(a)}} for n, a in calls]}
+        full = tok.apply_chat_template(user + [message], tools=tools, tokenize=False)
     if full.startswith(prompt):
         return prompt, full[len(prompt):]
+    if "<｜tool▁calls▁begin｜>" in full:  # DeepSeek-V3 renders a call right after its assistant tag, not after <think>
+        at = full.rfind("<｜Assistant｜>") + len("<｜Assistant｜>")
+        return full[:at], full[at:]
     # Nemotron 3 renders the history differently once the assistant answered: take its last message
     head, sep, text = full.rpartition("<|im_start|>assistant\n")
     assert sep, f"cannot find the assistant message in {full[-300:]!r}"
     return head + sep, text
 
 
-@pytest.mark.parametrize("template", sorted(n for n in FAMILY_PARSER if n not in ("qwen2_5", "qwen3_vl")))
+# DeepSeek-R1-distill's template shows DeepSeek's call format but drops the calls of a message with content
+@pytest.mark.parametrize("template", sorted(n for n in FAMILY_PARSER if n not in ("qwen2_5", "qwen3_vl", "deepseek_r1_distill")))
 def test_the_parser_reads_back_what_the_original_template_renders(tiny_tokenizer: Any, template: str) -> None:
     tok = with_template(tiny_tokenizer, template)
     assert auto_tool_parser(tok)[0] == FAMILY_PARSER[template]
@@ -81,7 +92,8 @@ def test_the_parser_reads_back_what_the_original_template_renders(tiny_tokenizer
     assert [(c.name, c.arguments, c.error) for c in calls] == [("get_weather", ARGS, None)], text
 
 
-@pytest.mark.parametrize("template", ["qwen3", "qwen3_5_nothink", "qwen3_6"])
+@pytest.mark.parametrize("template", ["qwen3", "qwen3_5_nothink", "qwen3_6", "deepseekv3", "gemma4", "diffusion_gemma",
+                                      "muse_glimmer"])
 def test_several_calls_in_one_message_come_back_in_order(tiny_tokenizer: Any, template: str) -> None:
     tok = with_template(tiny_tokenizer, template)
     two = [("get_weather", {"city": "Oslo"}), ("get_weather", {"city": "Lima", "days": 2})]
@@ -142,6 +154,28 @@ def test_llama3_json_answers_are_not_calls() -> None:
     ("gptoss", '<|channel|>commentary to=functions.calculator <|constrain|>json<|message|>{oops<|call|>'),
     ("gptoss", '<|channel|>commentary to=functions.calculator <|constrain|>json<|message|>[1]<|call|>'),
     ("gptoss", '<|channel|>commentary to=functions. <|constrain|>json<|message|>{}<|call|>'),
+    ("deepseek_v3", '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>calculator\n```json\n{"expression": "1+1"}\n```'),
+    ("deepseek_v3", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>calculator(1+1)<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+    ("deepseek_v3", '<｜tool▁call▁begin｜>function<｜tool▁sep｜>calculator\n```json\n{"expression": "1+1"\n```<｜tool▁call▁end｜>'),
+    ("deepseek_v3", '<｜tool▁call▁begin｜>function<｜tool▁sep｜>calculator\n```json\n{"expression": "1+1"}<｜tool▁call▁end｜>'),
+    ("deepseek_v3", '<｜tool▁call▁begin｜>function<｜tool▁sep｜>calculator\n```json\n[1]\n```<｜tool▁call▁end｜>'),
+    ("deepseek_v3", '<｜tool▁call▁begin｜>my calc<｜tool▁sep｜>{"expression": "1+1"}<｜tool▁call▁end｜>'),
+    ("gemma4", '<|tool_call>call:calculator{expression:<|"|>1+1}<tool_call|>'),
+    ("gemma4", "<|tool_call>call:calculator{expression:one plus one}<tool_call|>"),
+    ("gemma4", '<|tool_call>call:{expression:<|"|>1+1<|"|>}<tool_call|>'),
+    ("gemma4", '<|tool_call>calculator{expression:<|"|>1+1<|"|>}<tool_call|>'),
+    ("gemma4", '<|tool_call>call:calculator{expression:<|"|>1+1<|"|>} and more<tool_call|>'),
+    ("gemma4", '<|tool_call>call:calculator{expression:<|"|>1+1<|"|> x:1}<tool_call|>'),
+    ("gemma4", "<|tool_call>call:calculator{expression:" + "[" * 100 + "<tool_call|>"),
+    ("muse_atem", '<atem:function_calls>\n<atem:invoke name="calculator">\n<atem:parameter name="expression">1+1'
+                  "</atem:function_calls>"),
+    ("muse_atem", '<atem:function_calls>\n<atem:invoke name="calculator">\n<atem:parameter name="expression">1+1'
+                  "</atem:parameter>\n</atem:function_calls>"),
+    ("muse_atem", '<atem:function_calls>\n<atem:invoke name="calculator">\nexpression: 1+1\n</atem:invoke>\n'
+                  "</atem:function_calls>"),
+    ("muse_atem", '<atem:function_calls>\n<atem:invoke>\n<atem:parameter name="expression">1+1</atem:parameter>\n'
+                  "</atem:invoke>\n</atem:function_calls>"),
+    ("muse_atem", "<atem:function_calls>\ncalculator(1+1)\n</atem:function_calls>"),
 ])
 async def test_a_garbled_call_is_answered_like_hermes_answers_one(parser: str, text: str) -> None:
     manager = ToolManager([calculator], parser=make_tool_parser(parser))
@@ -149,6 +183,82 @@ async def test_a_garbled_call_is_answered_like_hermes_answers_one(parser: str, t
     assert len(replies) == 1 and replies[0]["content"].startswith("Error: invalid tool call "), replies
     hermes = await ToolManager([calculator]).run("<tool_call>{oops}</tool_call>")
     assert hermes[0]["content"].startswith("Error: invalid tool call ")
+
+
+def test_deepseek_v3_reads_both_of_its_call_forms_and_only_calls() -> None:
+    """V3 (and R1): ``function<｜tool▁sep｜>NAME`` and fenced JSON; V3.1: ``NAME<｜tool▁sep｜>{…}``; text
+    before the calls, a missing ``<｜tool▁calls▁end｜>`` (the sampler stopped) and answers are fine."""
+    parser = make_tool_parser("deepseekv3")  # the alias
+    assert parser.name == "deepseek_v3"
+    v3 = ('I will look it up.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n'
+          + json.dumps(ARGS) + '\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```\n'
+          '{"city": "Oslo"}\n```<｜tool▁call▁end｜>')
+    assert [(c.name, c.arguments) for c in parser.parse(v3)] == [("get_weather", ARGS), ("get_weather", {"city": "Oslo"})]
+    v31 = '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Lima"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>'
+    assert [(c.name, c.arguments) for c in parser.parse(v31)] == [("get_weather", {"city": "Lima"})]
+    assert parser.parse("It is sunny in Paris.") == []
+    after = v31 + "<｜tool▁call▁begin｜>not a call: after the calls ended"
+    assert [c.name for c in parser.parse(after)] == ["get_weather"]
+
+
+@pytest.mark.parametrize("written, args", [
+    ('{city:<|"|>Paris<|"|>}', {"city": "Paris"}),
+    ('{n:-3,x:2.5,big:1e+20,small:1e-05,yes:true,no:false,none:null}',
+     {"n": -3, "x": 2.5, "big": 1e20, "small": 1e-05, "yes": True, "no": False, "none": None}),
+    ('{ note : <|"|>a {b}: [c], "d" <e><|"|> , deep:{a:[{b:[]}],c:{}} }', {"note": 'a {b}: [c], "d" <e>', "deep": {"a": [{"b": []}], "c": {}}}),
+    ('{<|"|>quoted key<|"|>:1}', {"quoted key": 1}),
+    ("{}", {}),
+])
+def test_gemma4_reads_its_object_notation(written: str, args: dict[str, Any]) -> None:
+    """Gemma's own notation, typed by the text (bare keys, ``<|"|>`` strings written raw, numbers as
+    Python prints them, ``null`` as DiffusionGemma writes ``None``), around thinking and content."""
+    text = f'<|channel>thought\nCall it.<channel|><|tool_call>call:get_weather{written}<tool_call|><|tool_response>'
+    assert [(c.name, c.arguments, c.error) for c in make_tool_parser("gemma4").parse(text)] == [("get_weather", args, None)]
+    assert make_tool_parser("gemma4").parse("<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>}") == []  # never closed
+
+
+def test_muse_atem_types_values_by_the_schema_and_reads_several_invokes() -> None:
+    parser = make_tool_parser("atem")  # the alias
+    text = ('<atem:function_calls>\n<atem:invoke name="get_weather">\n<atem:parameter name="city"> Paris </atem:parameter>\n'
+            '<atem:parameter name="days">3</atem:parameter>\n<atem:parameter name="zip">75001</atem:parameter>\n'
+            '<atem:parameter name="options">{"units": ["C"]}</atem:parameter>\n</atem:invoke>\n'
+            '<atem:invoke name="get_weather">\n<atem:parameter name="city">Lima</atem:parameter>\n</atem:invoke>\n'
+            "</atem:function_calls>")
+    calls = parser.parse(text, tools=[WEATHER])
+    assert [(c.name, c.arguments) for c in calls] == [
+        ("get_weather", {"city": " Paris ", "days": 3, "zip": "75001", "options": {"units": ["C"]}}),  # spaces kept
+        ("get_weather", {"city": "Lima"})]
+    assert parser.parse(text)[0].arguments["zip"] == 75001  # no schema: JSON where it parses
+    assert parser.parse('<atem:function_calls>\n<atem:invoke name="x">') == []  # the block never closed
+
+
+@pytest.mark.parametrize("reply", [
+    ' to=get_weather<|message|><atem:function_calls>\n<atem:invoke name="get_weather">\n<atem:parameter name="city">Paris'
+    '</atem:parameter>\n<atem:parameter name="days">3</atem:parameter>\n<atem:parameter name="note">2.50</atem:parameter>\n'
+    '<atem:parameter name="options">{"hourly": false}</atem:parameter>\n</atem:invoke>\n</atem:function_calls>',
+    ' to=self<|message|>Look it up.<|eom|><|start|>assistant to=get_weather<|message|><atem:function_calls>\n'
+    '<atem:invoke name="get_weather">\n<atem:parameter name="city">Paris</atem:parameter>\n</atem:invoke>\n</atem:function_calls>',
+    " to=self<|message|>Easy.<|eom|><|start|>assistant to=user<|message|>It is sunny.",
+    " to=user<|message|>It is sunny.",
+])
+def test_muse_glimmer_replies_become_messages_its_template_renders_back(tiny_tokenizer: Any, reply: str) -> None:
+    """The ``atem`` reply form: a Muse Glimmer reply read into ``reasoning_content``, ``content`` and
+    ``tool_calls`` renders back, after the generation prompt, as exactly the reply (values typed
+    only where they are written back the same: ``2.50`` stays text)."""
+    from rlcore.chat_template import assistant_form
+    from rlcore.rollout.tool_parsers import atem_message
+
+    tok = with_template(tiny_tokenizer, "muse_glimmer")
+    assert assistant_form(tok, [WEATHER])[0] == "atem"
+    user = [{"role": "user", "content": "Weather in Paris?"}]
+    gen = tok.apply_chat_template(user, tools=[WEATHER], tokenize=False, add_generation_prompt=True)
+    message = atem_message(reply)
+    follow = [{"role": "tool", "content": "sunny"}] if "tool_calls" in message else []
+    full = tok.apply_chat_template(user + [message] + follow, tools=[WEATHER], tokenize=False)
+    assert full.startswith(gen + reply + "<|eot|>"), full[len(gen):]
+    if "tool_calls" in message:
+        assert message["content"] == "" and message["tool_calls"][0]["function"]["arguments"]["city"] == "Paris"
+    assert atem_message("no header at all") == {"role": "assistant", "content": "no header at all"}
 
 
 def test_auto_picks_the_family_parser_of_every_trl_template(tiny_tokenizer: Any) -> None:
@@ -325,7 +435,8 @@ async def test_a_plugin_registers_its_own_tool_parser(bracket_plugin: None, tiny
     from rlcore.cli import main
 
     main(["components", "tool_parser"])
-    assert capsys.readouterr().out.strip().startswith("tool_parser: bracket, gptoss (alias harmony), hermes, ")
+    assert capsys.readouterr().out.strip().startswith(
+        "tool_parser: bracket, deepseek_v3 (alias deepseekv3), gemma4, gptoss (alias harmony), hermes, ")
     sampler = _scripted(tiny_tokenizer, '[[calculator|{"expression": "6*7"}]]', "42")
     sched = ToolScheduler(sampler, max_turns=3, tool_parser="bracket")
     prompts = load_prompts([{"question": "6*7?"}], tiny_tokenizer, tools=sched.tools)

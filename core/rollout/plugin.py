@@ -32,5 +32,11 @@ def register_tool_parsers(register: Callable[..., None]) -> None:
              description='the reply is {"name": …, "parameters": {…}} (Llama 3.1, 3.2)')
     register("gptoss", "rlcore.rollout.tool_parsers:GptOssToolParser", aliases=("harmony",),
              description="harmony: <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{…}<|call|> (gpt-oss)")
+    register("deepseek_v3", "rlcore.rollout.tool_parsers:DeepSeekV3ToolParser", aliases=("deepseekv3",),
+             description="<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME + fenced JSON <｜tool▁call▁end｜> (DeepSeek-V3, R1; V3.1's NAME<｜tool▁sep｜>{…})")
+    register("gemma4", "rlcore.rollout.tool_parsers:Gemma4ToolParser",
+             description='<|tool_call>call:NAME{key:<|"|>text<|"|>,n:1}<tool_call|> (Gemma 4, DiffusionGemma)')
+    register("muse_atem", "rlcore.rollout.tool_parsers:MuseAtemToolParser", aliases=("atem",),
+             description='<atem:function_calls><atem:invoke name="NAME"><atem:parameter name="ARG">…</atem:parameter>… (Muse Glimmer)')
     register("response_schema", "rlcore.rollout.tool_parsers:ResponseSchemaToolParser",
              description="transformers' tokenizer.parse_response with the tokenizer's response template (or TRL's for its template)")

@@ -380,6 +380,379 @@ class GptOssToolParser(ToolParser):
         return ToolCall(name, args)
 
 
+# --- deepseek_v3 -------------------------------------------------------------------------------------
+_DS_CALLS_END = "<｜tool▁calls▁end｜>"
+_DS_CALL_BEGIN = "<｜tool▁call▁begin｜>"
+_DS_CALL_END = "<｜tool▁call▁end｜>"
+_DS_SEP = "<｜tool▁sep｜>"
+
+
+def _plain_name(name: str) -> bool:
+    return 0 < len(name) <= MAX_NAME_CHARS and not any(c.isspace() or c in "<>{}" for c in name)
+
+
+class DeepSeekV3ToolParser(ToolParser):
+    """DeepSeek-V3 / R1: ``<｜tool▁calls▁begin｜>`` then, per call, ``<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME``
+    and the JSON arguments in a fenced block (``\\n```json\\n{…}\\n```\\n``) up to ``<｜tool▁call▁end｜>``,
+    then ``<｜tool▁calls▁end｜>``; also DeepSeek-V3.1's ``<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{…}<｜tool▁call▁end｜>``.
+    The calls end at ``<｜tool▁calls▁end｜>`` (or the end of the text: the sampler may drop it); a call
+    without its ``<｜tool▁call▁end｜>`` is an invalid call. One split over the call markers: linear."""
+
+    name = "deepseek_v3"
+
+    def parse(self, text: str, *, tools: Sequence[dict[str, Any]] | None = None,
+              prompt: str | None = None) -> list[ToolCall]:
+        text = text or ""
+        start = text.find(_DS_CALL_BEGIN)
+        if start < 0:
+            return []
+        stop = text.find(_DS_CALLS_END, start)
+        region = text[start:stop if stop >= 0 else len(text)]
+        calls = []
+        for piece in region.split(_DS_CALL_BEGIN)[1:]:
+            end = piece.find(_DS_CALL_END)
+            if end < 0:
+                calls.append(invalid(_DS_CALL_BEGIN + piece, f"the call is not closed by {_DS_CALL_END}"))
+                continue
+            calls.append(self._call(piece[:end]))
+        return calls
+
+    @staticmethod
+    def _call(body: str) -> ToolCall:
+        raw = _DS_CALL_BEGIN + body + _DS_CALL_END
+        head, sep, rest = body.partition(_DS_SEP)
+        if not sep:
+            return invalid(raw, f"expected TYPE{_DS_SEP}NAME (or NAME{_DS_SEP}ARGUMENTS) after {_DS_CALL_BEGIN}")
+        line, nl, after = rest.partition("\n")
+        fenced = after.lstrip()
+        if nl and fenced.startswith("```"):  # V3: the name on the line after the separator, fenced JSON
+            name, args = line.strip(), fenced[3:]
+            if args.startswith("json"):
+                args = args[4:]
+            args = args.rstrip()
+            if not args.endswith("```"):
+                return invalid(raw, "the arguments' ``` block is not closed")
+            args = args[:-3]
+        else:  # V3.1: the name before the separator, the JSON right after it
+            name, args = head.strip(), rest
+        if not _plain_name(name):
+            return invalid(raw, f"the function name must be one word of at most {MAX_NAME_CHARS} characters")
+        try:
+            obj = json.loads(args) if args.strip() else {}
+        except (ValueError, RecursionError) as exc:
+            return invalid(raw, exc)
+        if not isinstance(obj, dict):
+            return invalid(raw, "the arguments must be a JSON object")
+        return ToolCall(name, obj)
+
+
+# --- gemma4 ------------------------------------------------------------------------------------------
+_G_OPEN, _G_CLOSE, _G_QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
+_G_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+_G_WORDS = {"true": True, "false": False, "null": None}
+#: deepest nesting of objects and lists a Gemma 4 call's arguments may have
+MAX_DEPTH = 64
+
+
+class _Malformed(ValueError):
+    pass
+
+
+def _blocks(text: str, opening: str, closing: str) -> list[str]:
+    """The contents of ``opening…closing`` blocks, left to right, unstripped (forward scans: linear)."""
+    out = []
+    pos = 0
+    while True:
+        start = text.find(opening, pos)
+        if start < 0:
+            return out
+        end = text.find(closing, start + len(opening))
+        if end < 0:
+            return out
+        out.append(text[start + len(opening):end])
+        pos = end + len(closing)
+
+
+class Gemma4ToolParser(ToolParser):
+    """Gemma 4 (and DiffusionGemma): ``<|tool_call>call:NAME{key:value,…}<tool_call|>``, one block per
+    call. The arguments are Gemma's own object notation, as its template writes them: keys bare,
+    strings between ``<|"|>`` quotes (raw, nothing escaped), numbers, ``true``/``false``/``null``,
+    nested ``{…}`` and ``[…]``; so the values are typed by the text itself, not the schema. A block
+    without its ``<tool_call|>`` is not a call (as a ``<tool_call>`` hermes block without its end).
+    One pass over each block, nesting at most :data:`MAX_DEPTH` deep: linear."""
+
+    name = "gemma4"
+
+    def parse(self, text: str, *, tools: Sequence[dict[str, Any]] | None = None,
+              prompt: str | None = None) -> list[ToolCall]:
+        return [self._call(block) for block in _blocks(text or "", _G_OPEN, _G_CLOSE)]
+
+    @classmethod
+    def _call(cls, block: str) -> ToolCall:
+        raw = _G_OPEN + block + _G_CLOSE
+        s = block.strip()
+        if not s.startswith("call:"):
+            return invalid(raw, f"expected call:NAME{{…}} after {_G_OPEN}")
+        brace = s.find("{", 0, len("call:") + MAX_NAME_CHARS + 1)
+        name = s[len("call:"):brace].strip() if brace >= 0 else ""
+        if not _plain_name(name):
+            return invalid(raw, f"call:NAME{{…}} needs a name of at most {MAX_NAME_CHARS} characters and its arguments in {{…}}")
+        try:
+            args, pos = cls._value(s, brace, 0)
+            if s[pos:].strip():
+                raise _Malformed(f"text after the arguments: {s[pos:].strip()[:40]!r}")
+        except _Malformed as exc:
+            return invalid(raw, exc)
+        return ToolCall(name, args)
+
+    @classmethod
+    def _value(cls, s: str, pos: int, depth: int) -> tuple[Any, int]:
+        """The value at ``s[pos]`` (whitespace before it skipped) and the position after it."""
+        n = len(s)
+        while pos < n and s[pos].isspace():
+            pos += 1
+        if pos >= n:
+            raise _Malformed("the arguments end inside a value")
+        if s.startswith(_G_QUOTE, pos):
+            end = s.find(_G_QUOTE, pos + len(_G_QUOTE))
+            if end < 0:
+                raise _Malformed(f"a string opened with {_G_QUOTE} is not closed")
+            return s[pos + len(_G_QUOTE):end], end + len(_G_QUOTE)
+        c = s[pos]
+        if c in "{[":
+            if depth >= MAX_DEPTH:
+                raise _Malformed(f"the arguments nest deeper than {MAX_DEPTH}")
+            return cls._container(s, pos, depth + 1)
+        m = _G_NUMBER.match(s, pos)
+        if m is not None:
+            word = m.group(0)
+            return (int(word) if word.lstrip("-").isdigit() else float(word)), m.end()
+        for word, value in _G_WORDS.items():
+            if s.startswith(word, pos):
+                return value, pos + len(word)
+        raise _Malformed(f"unexpected {s[pos:pos + 20]!r} where a value belongs")
+
+    @classmethod
+    def _container(cls, s: str, pos: int, depth: int) -> tuple[Any, int]:
+        is_map = s[pos] == "{"
+        close = "}" if is_map else "]"
+        out: Any = {} if is_map else []
+        pos += 1
+        n = len(s)
+        first = True
+        while True:
+            while pos < n and s[pos].isspace():
+                pos += 1
+            if pos >= n:
+                raise _Malformed(f"a {'{' if is_map else '['} is not closed")
+            if s[pos] == close:
+                return out, pos + 1
+            if not first:
+                if s[pos] != ",":
+                    raise _Malformed(f"expected ',' or {close!r}, got {s[pos:pos + 20]!r}")
+                pos += 1
+            first = False
+            if is_map:
+                key, pos = cls._key(s, pos)
+                value, pos = cls._value(s, pos, depth)
+                out[key] = value
+            else:
+                value, pos = cls._value(s, pos, depth)
+                out.append(value)
+
+    @staticmethod
+    def _key(s: str, pos: int) -> tuple[str, int]:
+        """A key (bare, or between ``<|"|>`` quotes) and the position after its ``:``."""
+        n = len(s)
+        while pos < n and s[pos].isspace():
+            pos += 1
+        if s.startswith(_G_QUOTE, pos):
+            end = s.find(_G_QUOTE, pos + len(_G_QUOTE), pos + len(_G_QUOTE) + MAX_NAME_CHARS + 1)
+            if end < 0:
+                raise _Malformed(f"a quoted key is not closed within {MAX_NAME_CHARS} characters")
+            key, after = s[pos + len(_G_QUOTE):end], end + len(_G_QUOTE)
+            colon = after
+            while colon < n and s[colon].isspace():
+                colon += 1
+            if colon >= n or s[colon] != ":":
+                raise _Malformed(f"expected ':' after the key {key!r}")
+            return key, colon + 1
+        colon = s.find(":", pos, pos + MAX_NAME_CHARS + 1)
+        key = s[pos:colon].strip() if colon >= 0 else ""
+        if not key or any(c in key for c in "{}[],<>\n"):
+            raise _Malformed(f"expected KEY: (at most {MAX_NAME_CHARS} characters) at {s[pos:pos + 20]!r}")
+        return key, colon + 1
+
+
+# --- muse_atem (Muse Glimmer's ATEM) -----------------------------------------------------------------
+_A_CALLS, _A_CALLS_END = "<atem:function_calls>", "</atem:function_calls>"
+_A_INVOKE, _A_INVOKE_END = '<atem:invoke name="', "</atem:invoke>"
+_A_PARAM, _A_PARAM_END = '<atem:parameter name="', "</atem:parameter>"
+
+
+def _attr_name(text: str, pos: int) -> tuple[str, int] | None:
+    """The name from ``pos`` to the next ``">`` (at most :data:`MAX_NAME_CHARS`) and the position after it."""
+    end = text.find('">', pos, pos + MAX_NAME_CHARS + 2)
+    if end < 0:
+        return None
+    name = text[pos:end]
+    if not name or any(c in name for c in '"<>\n'):
+        return None
+    return name, end + 2
+
+
+class MuseAtemToolParser(ToolParser):
+    """Muse Glimmer's ATEM calls, the body of a ``to=NAME<|message|>`` message::
+
+        <atem:function_calls>
+        <atem:invoke name="NAME">
+        <atem:parameter name="ARG">value</atem:parameter>
+        </atem:invoke>
+        </atem:function_calls>
+
+    A ``<atem:function_calls>`` block may hold several invokes, each a call. Values are written as
+    they are, nothing stripped; strings raw, lists and objects as JSON, so a value is typed by the
+    tool's schema (``tools``): text for a ``string`` parameter, else JSON where it parses. A block
+    without its closing tag is not a call; an invoke or parameter left open is an invalid call.
+    Forward scans only: linear."""
+
+    name = "muse_atem"
+
+    def parse(self, text: str, *, tools: Sequence[dict[str, Any]] | None = None,
+              prompt: str | None = None) -> list[ToolCall]:
+        types = _param_types(tools)
+        calls: list[ToolCall] = []
+        for block in _blocks(text or "", _A_CALLS, _A_CALLS_END):
+            calls.extend(atem_invokes(block, lambda name, key, value: _typed(value, types.get(name, {}).get(key))))
+        return calls
+
+
+def atem_invokes(block: str, typed: Callable[[str, str, str], Any]) -> list[ToolCall]:
+    """The calls of one ``<atem:function_calls>`` block's contents; ``typed(tool, key, text)`` gives a value."""
+    calls = []
+    pos = 0
+    raw = _A_CALLS + block + _A_CALLS_END
+    while True:
+        start = block.find("<atem:invoke", pos)
+        if start < 0:
+            if block[pos:].strip():
+                calls.append(invalid(raw, f"text outside <atem:invoke>: {block[pos:].strip()[:40]!r}"))
+            return calls
+        if block[pos:start].strip():
+            calls.append(invalid(raw, f"text outside <atem:invoke>: {block[pos:start].strip()[:40]!r}"))
+        end = block.find(_A_INVOKE_END, start)
+        body_end = end if end >= 0 else len(block)
+        calls.append(_atem_invoke(block[start:body_end], typed) if end >= 0
+                     else invalid(block[start:], f"<atem:invoke> is not closed by {_A_INVOKE_END}"))
+        if end < 0:
+            return calls
+        pos = end + len(_A_INVOKE_END)
+
+
+def _atem_invoke(chunk: str, typed: Callable[[str, str, str], Any]) -> ToolCall:
+    raw = chunk + _A_INVOKE_END
+    got = _attr_name(chunk, len(_A_INVOKE)) if chunk.startswith(_A_INVOKE) else None
+    if got is None:
+        return invalid(raw, f'expected <atem:invoke name="NAME"> (a name of at most {MAX_NAME_CHARS} characters)')
+    name, pos = got
+    args: dict[str, Any] = {}
+    while True:
+        start = chunk.find("<atem:parameter", pos)
+        gap = chunk[pos:start if start >= 0 else len(chunk)]
+        if gap.strip():
+            return invalid(raw, f"only <atem:parameter> may follow <atem:invoke>, got {gap.strip()[:40]!r}")
+        if start < 0:
+            return ToolCall(name, args)
+        got = _attr_name(chunk, start + len(_A_PARAM)) if chunk.startswith(_A_PARAM, start) else None
+        if got is None:
+            return invalid(raw, f'expected <atem:parameter name="ARG"> (a name of at most {MAX_NAME_CHARS} characters)')
+        key, vstart = got
+        vend = chunk.find(_A_PARAM_END, vstart)
+        if vend < 0:
+            return invalid(raw, f"the parameter {key!r} is not closed by {_A_PARAM_END}")
+        args[key] = typed(name, key, chunk[vstart:vend])
+        pos = vend + len(_A_PARAM_END)
+
+
+_ATEM_MARKER = re.compile(r"<\|(start|message|eom|eot)\|>")
+
+
+def _atem_rendered(value: Any) -> str:
+    """How Muse Glimmer's template writes an ATEM parameter value."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False)
+    return str(value)
+
+
+def _atem_value(text: str) -> Any:
+    """A value as written, typed where the template writes that typed value back as the same text
+    (``5`` → 5, ``true`` → True, ``[1, 2]`` → a list; ``2.50``, ``"x"`` and prose stay text)."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return text
+    return value if not isinstance(value, str) and _atem_rendered(value) == text else text
+
+
+def atem_message(text: str) -> dict[str, Any]:
+    """A Muse Glimmer reply (sampled after ``<|start|>assistant``: `` to=self<|message|>…<|eom|>``
+    reasoning, ``<|start|>assistant to=NAME<|message|><atem:function_calls>…`` calls, `` to=user<|message|>…``
+    the answer) as the assistant message its template renders back: ``reasoning_content``,
+    ``content``, ``tool_calls``. A reply not in that shape is its text as ``content``. One marker scan."""
+    text = text or ""
+    parts: list[tuple[str, str]] = []
+    header_start, body_start, header = 0, None, ""
+    for m in _ATEM_MARKER.finditer(text):
+        kind = m.group(1)
+        if body_start is None:
+            if kind == "message":
+                header, body_start = text[header_start:m.start()], m.end()
+            elif kind == "start":
+                header_start = m.end()
+            continue
+        if kind in ("eom", "eot", "start"):
+            parts.append((header, text[body_start:m.start()]))
+            body_start = None
+            header_start = m.end()
+    if body_start is not None:
+        parts.append((header, text[body_start:]))
+    if not parts:
+        return {"role": "assistant", "content": text}
+    reasoning, content, calls = [], [], []
+    for head, body in parts:
+        head = head.strip()
+        if head.startswith("assistant"):
+            head = head[len("assistant"):].strip()
+        if not head.startswith("to="):
+            return {"role": "assistant", "content": text}
+        recipient = head[3:]
+        if recipient == "self":
+            reasoning.append(body)
+        elif recipient == "user":
+            content.append(body)
+        else:
+            found = [c for block in _blocks(body, _A_CALLS, _A_CALLS_END)
+                     for c in atem_invokes(block, lambda name, key, value: _atem_value(value))]
+            if not found or any(c.error for c in found):
+                return {"role": "assistant", "content": text}
+            calls.extend(found)
+    out: dict[str, Any] = {"role": "assistant", "content": "".join(content)}
+    if reasoning:
+        out["reasoning_content"] = "".join(reasoning)
+    if calls:
+        out["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+    return out
+
+
+# Muse Glimmer's replies are runs of ATEM messages: recorded as the structured message its template
+# renders back (reasoning_content, content, tool_calls), where that holds for the run's template
+register_reply_form("atem", atem_message, " to=self<|message|>{reasoning}<|eom|><|start|>assistant to=user<|message|>{answer}")
+
+
 # --- response_schema (transformers' parse_response) --------------------------------------------------
 # gpt-oss replies are runs of channel messages: recorded as the structured message its template
 # renders back (rlcore.chat_template.assistant_form picks this where that holds)
@@ -471,7 +844,7 @@ def response_schema_of(tokenizer: Any) -> Any:
 
 
 # --- auto: which parser a tokenizer's template calls for ---------------------------------------------
-BUILTIN_NAMES = ("hermes", "qwen3_xml", "llama3_json", "gptoss", "response_schema")
+BUILTIN_NAMES = ("hermes", "qwen3_xml", "llama3_json", "gptoss", "deepseek_v3", "gemma4", "muse_atem", "response_schema")
 
 #: TRL's template files (``trl/chat_templates/NAME.jinja`` and ``NAME_training.jinja``) → the parser
 #: of their family. The other families TRL knows a response schema for get ``response_schema``.
@@ -481,8 +854,10 @@ TRL_TEMPLATE_PARSERS: dict[str, str] = {
                      "nemotron_3_ultra", "nemotron_3_5_lightning"), "qwen3_xml"),
     **dict.fromkeys(("llama3_1", "llama3_2"), "llama3_json"),
     "gptoss": "gptoss",
-    **dict.fromkeys(("glm4moe", "lfm2_v2", "lfm2_2_5", "lfm2_2_5_v2", "lfm2_2_5_vl", "gemma4", "gemma4_v2", "gemma4_v3",
-                     "gemma4_v4", "gemma4_v5"), "response_schema"),
+    **dict.fromkeys(("deepseekv3", "deepseek_r1_distill"), "deepseek_v3"),
+    **dict.fromkeys(("gemma4", "gemma4_v2", "gemma4_v3", "gemma4_v4", "gemma4_v5", "diffusion_gemma"), "gemma4"),
+    "muse_glimmer": "muse_atem",
+    **dict.fromkeys(("glm4moe", "lfm2_v2", "lfm2_2_5", "lfm2_2_5_v2", "lfm2_2_5_vl"), "response_schema"),
 }
 
 _TRL_TEXTS: dict[str, str] | None = None
@@ -525,6 +900,12 @@ def _by_text(template: str) -> str | None:
         return "qwen3_xml"
     if "to=functions." in template or ("<|channel|>" in template and "functions." in template):
         return "gptoss"
+    if "<|tool_call>call:" in template:
+        return "gemma4"
+    if "<｜tool▁call▁begin｜>" in template:
+        return "deepseek_v3"
+    if "<atem:invoke" in template:
+        return "muse_atem"
     if "<tool_call>" in template:
         return "hermes"
     if '"parameters"' in template and "<|start_header_id|>" in template:

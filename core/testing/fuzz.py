@@ -11,7 +11,7 @@ families: huge powers and exponent towers (arbitrary-precision arithmetic that n
 brackets (recursive parsers), megabyte strings and tag floods (regexes that are quadratic in the
 number of unclosed tags), NUL bytes and invalid UTF-8 (decoders and C libraries), LaTeX bombs
 (sympy simplification, macro expansion), tool-call floods in every family's format (hermes JSON,
-Qwen3.5 XML, Llama 3 JSON, gpt-oss harmony).
+Qwen3.5 XML, Llama 3 JSON, gpt-oss harmony, DeepSeek-V3, Gemma 4, Muse Glimmer's ATEM).
 """
 
 from __future__ import annotations
@@ -76,6 +76,16 @@ HOSTILE_COMPLETIONS: dict[str, str] = {
     "harmony_message_flood": "<|channel|>commentary to=functions.calculator <|constrain|>json<|message|>" * 12_000,
     "harmony_many_calls": "<|start|>assistant<|channel|>commentary to=functions.calculator <|constrain|>json<|message|>"
                           '{"expression": "9**99"}<|call|>' * 2_000,
+    "deepseek_call_flood": "<｜tool▁calls▁begin｜>" + "<｜tool▁call▁begin｜>function<｜tool▁sep｜>" * (_MB // 40),
+    "deepseek_many_calls": "<｜tool▁call▁begin｜>function<｜tool▁sep｜>calculator\n```json\n"
+                           '{"expression": "9**99"}\n```<｜tool▁call▁end｜>\n' * 2_000,
+    "gemma_quote_flood": "<|tool_call>call:calculator{expression:" + '<|"|>' * (_MB // 5) + "}<tool_call|>",
+    "gemma_deep_nesting": "<|tool_call>call:calculator{x:" + "[{x:" * 50_000 + "<tool_call|>",
+    "gemma_many_calls": '<|tool_call>call:calculator{expression:<|"|>9**99<|"|>}<tool_call|>' * 2_000,
+    "atem_parameter_flood": '<atem:function_calls>\n<atem:invoke name="calculator">\n'
+                            + '<atem:parameter name="expression">' * (_MB // 35) + "</atem:invoke>\n</atem:function_calls>",
+    "atem_many_calls": '<atem:function_calls>\n<atem:invoke name="calculator">\n<atem:parameter name="expression">9**99'
+                       "</atem:parameter>\n</atem:invoke>\n</atem:function_calls>" * 2_000,
 }
 
 

@@ -1,6 +1,7 @@
 """One GRPO run, written for ``tests/test_data_parallel.py``: the same script runs as one process
 (``python tests/dp_run.py OUT BATCH``) and under ``torchrun --nproc_per_node 2`` (each rank takes
-BATCH/2 rows per device), the way a TRL user launches a data-parallel run.
+BATCH/2 rows per device), the way a TRL user launches a data-parallel run. A fifth argument
+``padding_free`` turns ``padding_free`` on (``tests/test_padding_free.py``).
 
 Completions are scripted from the prompt (``ScriptedSampler``), so both layouts roll out exactly the
 same groups whatever rank draws them; their lengths differ from prompt to prompt, so the ranks hold
@@ -25,7 +26,7 @@ from rlcore.tasks import digits_dataset, digits_reward
 from rlcore.testing import ScriptedSampler
 
 
-def main(out: str, per_device: int, loss_type: str, scale_rewards: str) -> None:
+def main(out: str, per_device: int, loss_type: str, scale_rewards: str, padding_free: bool = False) -> None:
     model = tiny_model_path()
     tok = AutoTokenizer.from_pretrained(model)
     seen: dict[int, int] = {}
@@ -41,7 +42,7 @@ def main(out: str, per_device: int, loss_type: str, scale_rewards: str) -> None:
         max_completion_length=12, max_steps=2, learning_rate=0.5, optim="sgd", lr_scheduler_type="constant",
         loss_type=loss_type, scale_rewards=scale_rewards, beta=0.0, logging_steps=1, save_strategy="no",
         report_to="none", seed=0, overwrite_output_dir=True, log_completions=True, num_completions_to_print=0,
-        eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=per_device,
+        eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=per_device, padding_free=padding_free,
     )
     # 5 eval prompts in chunks of 4: with 2 ranks, one rank's share of the last chunk is empty
     evals = [{**row, "prompt": row["prompt"] + " (held out)"} for row in digits_dataset(5, seed=1)]
@@ -58,4 +59,4 @@ def main(out: str, per_device: int, loss_type: str, scale_rewards: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4])
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], padding_free=sys.argv[5:6] == ["padding_free"])

@@ -347,3 +347,35 @@ def test_flash_attention_layout_is_one_row_with_its_sequence_boundaries(model: A
         assert kw["max_length_q"] == kw["max_length_k"] == max(b - a for a, b in zip([0, *ends], ends))
         starts = (plan.position_ids[0] == 0).nonzero().flatten().tolist()
         assert starts == [0, *ends[:-1]]  # position ids restart exactly where the kernels cut
+
+
+@pytest.mark.slow
+def test_two_data_parallel_ranks_padding_free_train_like_one_padded_process(tmp_path: Any) -> None:
+    """``torchrun --nproc_per_node 2`` with padding_free: each rank packs its own micro-batches, the
+    normalisers come from the whole batch before packing, and the weights after two SGD steps are
+    one padded process's (``tests/dp_run.py``, as ``tests/test_data_parallel.py`` runs it)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).with_name("dp_run.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    runs = {}
+    for name, launch, per_device, extra in (
+            ("one", [sys.executable], "16", []),
+            ("two", [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"], "8",
+             ["padding_free"])):
+        out = tmp_path / name
+        proc = subprocess.run([*launch, str(script), str(out), per_device, "dapo", "batch", *extra], env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[name] = (torch.load(out / "weights.pt"), json.loads((out / "logs.json").read_text()))
+    (w1, l1), (w2, l2) = runs["one"], runs["two"]
+    assert l2["world_size"] == 2
+    moved = max((w1[n] - w2[n]).abs().max().item() for n in w1)
+    assert moved < 1e-5, f"weights differ by {moved} between 2 padding-free ranks and 1 padded process"
+    for a, b in zip(l1["logs"], l2["logs"]):
+        for key in ("policy_loss", "entropy", "grad_norm"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), key

@@ -208,13 +208,13 @@ class PolicyWorker:
         import torch.distributed as dist
 
         backend = "nccl" if self.device == "gpu" else "gloo"
-        if not dist.is_initialized():
-            dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=self.rank,
-                                    world_size=self.world_size, timeout=datetime.timedelta(seconds=timeout_s))
         if backend == "nccl":
             import torch
 
-            torch.cuda.set_device(0)
+            torch.cuda.set_device(0)  # Ray shows each GPU worker its one device
+        if not dist.is_initialized():
+            dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=self.rank,
+                                    world_size=self.world_size, timeout=datetime.timedelta(seconds=timeout_s))
         return backend
 
     def build(self) -> int:

@@ -379,3 +379,44 @@ def test_two_data_parallel_ranks_padding_free_train_like_one_padded_process(tmp_
     for a, b in zip(l1["logs"], l2["logs"]):
         for key in ("policy_loss", "entropy", "grad_norm"):
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), key
+
+
+def test_per_turn_samples_padding_free_score_what_the_sampler_sampled(tiny_model_dir: str, tiny_tokenizer: Any,
+                                                                       tiny_hf_sampler: Any) -> None:
+    """Multi-turn episodes under a template that rewrites the history train as one row per turn
+    (``expand_turn_samples``); padding-free, every trained token of those rows gets the logprob the
+    real sampler reported when it sampled it, and the loss is the padded one."""
+    import asyncio
+
+    from rlcore.loop import Policy
+    from rlcore.loop.loss import pack
+    from rlcore.rollout import MultiTurnScheduler, encode_prompt, run_rollouts
+    from rlcore.types import Prompt, SamplingParams
+
+    class AskAgain(MultiTurnScheduler):
+        def check_finished(self, infer_request, response_choice, current_turn):
+            return current_turn >= self.max_turns
+
+        def step(self, infer_request, response_choice, current_turn):
+            infer_request.messages.append({"role": "user", "content": f"again {current_turn}"})
+            return {"infer_request": infer_request}
+
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = "{{ messages | length }} messages\n" + tiny_tokenizer.chat_template  # rewrites the history
+    msgs = [{"role": "user", "content": "count with me"}]
+    res = asyncio.run(run_rollouts(AskAgain(tiny_hf_sampler, tokenizer=tok, max_turns=3),
+                                   [Prompt(msgs, encode_prompt(tok, msgs))], num_generations=4,
+                                   sampling_params=SamplingParams(max_tokens=6, temperature=1.0), progress=False))
+    trajs = [t for t in res.trajectories if t.status != "failed"]
+    assert len(trajs) == 4 and all(t.has_turn_samples for t in trajs)
+    adv = [1.0, -1.0, 0.5, -0.5]
+    padded = Policy(tiny_model_dir, tok, loss="grpo", learning_rate=0.0)
+    packed = Policy(tiny_model_dir, tok, loss="grpo", learning_rate=0.0, padding_free=True)
+    batch = pack(trajs, adv, packed.pad_token_id)
+    assert batch.size == sum(t.num_turns for t in trajs) == 12
+    on = batch.completion_mask.bool()
+    got = packed.logprobs(trajs)
+    assert torch.allclose(got[on], batch.sampler_logps[on], atol=1e-4), (got[on] - batch.sampler_logps[on]).abs().max()
+    torch.testing.assert_close(got, padded.logprobs(trajs), rtol=0, atol=1e-6)
+    a, b = packed.forward_backward(trajs, adv), padded.forward_backward(trajs, adv)
+    assert a["loss"] == pytest.approx(b["loss"], abs=1e-6, rel=0) and a["num_tokens"] == float(on.sum())

@@ -72,7 +72,8 @@ def logged(t: Any) -> list[dict[str, Any]]:
 
 
 def test_every_trained_group_has_spread_and_the_batch_is_full(tmp_path: Any) -> None:
-    t = trainer(str(tmp_path / "ds"), per_device_train_batch_size=8)  # 4 groups a step
+    t = trainer(str(tmp_path / "ds"), per_device_train_batch_size=8, log_completions=True,
+                num_completions_to_print=0)  # 4 groups a step
     t.train()
     assert t.state.global_step == 3 and len(t.trained) == 3
     for step, (drawn, trained, log) in enumerate(zip(t.rounds_drawn, t.trained, logged(t))):
@@ -93,6 +94,9 @@ def test_every_trained_group_has_spread_and_the_batch_is_full(tmp_path: Any) -> 
     assert any(len(d) > 1 for d in t.rounds_drawn)  # refill rounds happened
     lines = [json.loads(x) for x in (tmp_path / "ds" / "metrics.jsonl").read_text().splitlines()]
     assert [x["dynamic_sampling/rounds"] for x in lines] == [len(d) for d in t.rounds_drawn]
+    logged_completions = [json.loads(x) for x in (tmp_path / "ds" / "completions.jsonl").read_text().splitlines()]
+    assert len(logged_completions) == 3 * 4 * 2  # the trained batch: 4 groups of 2 a step
+    assert all(c["prompt"].startswith("hard") and c["advantage"] != 0 for c in logged_completions)
 
 
 def test_without_dynamic_sampling_flat_groups_train(tmp_path: Any) -> None:
@@ -317,3 +321,63 @@ def test_two_ranks_keep_the_groups_one_process_keeps(tmp_path: Any) -> None:
         assert len(r0["mine"][step]) == len(r1["mine"][step]) == len(one["kept"][step]) // 2  # one shape per rank
         assert sorted(r0["mine"][step] + r1["mine"][step]) == sorted(one["kept"][step])
         assert all(i >= 6 for i in one["kept"][step])  # hard rows only
+
+
+def test_ray_trainers_with_async_prefetch(tmp_path: Any, tiny_model_dir: Any) -> None:
+    """--distributed ray, two trainer ranks, async generation: the prefetched batch is the first
+    round (one policy version old), refills roll out at once; every step trains a full batch of
+    groups with spread and both ranks end with the same weights."""
+    import sys
+
+    ray = pytest.importorskip("ray")
+    from rlcore.distributed import DistributedConfig, WorkerGroupConfig
+    from rlcore.distributed.cluster import start_samplers
+    from rlcore.distributed.runner import run_distributed
+    from rlcore.distributed.runtime import ensure_ray
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this module
+    cfg = DistributedConfig(trainer=WorkerGroupConfig(num_workers=2, num_cpus=0.5),
+                            sampler=WorkerGroupConfig(num_workers=1, num_cpus=0.5), worker_timeout_s=120,
+                            async_generation=True, max_staleness=1)
+    started = not ray.is_initialized()
+    ensure_ray(num_cpus=4)
+    placed, pool = start_samplers(cfg, tiny_model_dir, seed=0)
+    try:
+        args = _args(str(tmp_path / "ray"), max_steps=2, use_cpu=True)  # 4 per rank × 2 ranks: 4 groups a step
+        result = run_distributed(tiny_model_dir, args, rows(), cfg, reward_funcs=[by_row], progress=False,
+                                 samplers=(placed, pool))
+    finally:
+        placed.remove()
+        if started:
+            ray.shutdown()
+    logs = [h for h in result.log_history if "loss" in h]
+    assert result.global_step == 2 and len(logs) == 2
+    assert all(h["dynamic_sampling/kept_groups"] == 4 and h["advantage_zero_std_frac"] == 0.0 for h in logs)
+    assert any(h["dynamic_sampling/rounds"] > 1 for h in logs)
+    assert all(h["dynamic_sampling/filtered_groups"] == h["dynamic_sampling/generated_groups"] - 4 -
+               h["dynamic_sampling/surplus_groups"] for h in logs)
+    assert logs[1]["async/max_lag"] == 1  # step 2's first round came from the prefetch, one version old
+    sums = [r["param_checksum"] for r in result.ranks]
+    assert len(sums) == 2 and sums[0] == pytest.approx(sums[1], rel=0, abs=1e-9)
+
+
+def test_smollm2_trains_only_groups_with_spread(tmp_path: Any, smollm2_dir: str) -> None:
+    """The real SmolLM2-135M-Instruct: a step filled with hard rows' groups only, moving the weights
+    (a real gradient from groups with spread)."""
+    t = rlcore.GRPOTrainer(smollm2_dir, reward_funcs=[by_row], train_dataset=rows(easy=6, hard=6),
+                           args=_args(str(tmp_path / "smol"), max_steps=1, max_completion_length=3,
+                                      per_device_train_batch_size=4))  # 2 groups a step
+    trained: list[list[str]] = []
+    generate = t._generate_and_score
+
+    def recording() -> Any:
+        out = generate()
+        trained.append([tr.data["id"] for tr in t.whole_batch.trajectories])
+        return out
+
+    t._generate_and_score = recording
+    t.train()
+    logs = logged(t)
+    assert len(trained) == len(logs) == 1
+    assert all(len(ids) == 4 and all(i.startswith("h") for i in ids) for ids in trained)
+    assert all(h["dynamic_sampling/kept_groups"] == 2 and h["grad_norm"] > 0 for h in logs)

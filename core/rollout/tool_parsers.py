@@ -14,13 +14,22 @@ Built-ins (kind ``tool_parser``; ``rlcore components tool_parser``):
 * ``llama3_json`` — the whole reply is ``{"name": …, "parameters": {…}}`` (Llama 3.1/3.2);
 * ``gptoss`` — harmony messages ``<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{…}<|call|>``
   (either order of recipient and channel, as gpt-oss writes them and as its template renders them);
+* ``deepseek_v3`` — ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{…}\n```<｜tool▁call▁end｜>…``
+  (DeepSeek-V3, R1), and V3.1's ``<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{…}<｜tool▁call▁end｜>``;
+* ``gemma4`` — ``<|tool_call>call:NAME{key:<|"|>text<|"|>,n:1}<tool_call|>`` (Gemma 4, DiffusionGemma);
+  values typed by Gemma's own notation;
+* ``muse_atem`` — ``<atem:function_calls><atem:invoke name="NAME"><atem:parameter name="ARG">value</atem:parameter>…``
+  (Muse Glimmer); values typed by the tool's JSON schema;
 * ``response_schema`` — transformers' ``tokenizer.parse_response`` with the tokenizer's own response
   template, or the one TRL knows for its chat template (``trl.chat_template_utils.add_response_schema``).
 
 ``auto`` (the default of ``tool_parser``): the tokenizer's own response template if it carries one;
 else the parser of the family whose template TRL ships (``trl/chat_templates/*.jinja``, originals
 and ``_training`` variants) — rlcore's own parser where it has one, ``response_schema`` for the other
-families TRL knows (GLM-4-MoE, LFM2.5, Gemma 4); else what the template's text shows; else ``hermes``.
+families TRL knows (GLM-4-MoE, LFM2.5); else what the template's text shows; else ``hermes``.
+
+Reply forms (:func:`rlcore.chat_template.register_reply_form`) registered here: ``harmony`` (gpt-oss)
+and ``atem`` (Muse Glimmer), which read a reply into the message fields its template renders back.
 """
 
 from __future__ import annotations

@@ -618,11 +618,14 @@ class GRPOTrainer(Trainer):
         names: list[str] = []
         errors: dict[str, float] = {}
         t_rollout = 0.0
+        invariants = [0, 0.0]  # every round's invariant violations and check time
         while (n := ds.next_draw()):
             t1 = time.perf_counter()
             prompts = self._next_prompts(n)
             trajs = self.rollout(prompts) if ds.rounds == 0 else self._rollout_refill(prompts)
             t_rollout += time.perf_counter() - t1
+            invariants[0] += int(getattr(self, "_invariant_failures", 0))
+            invariants[1] += float(getattr(self, "_invariant_check_s", 0.0))
             columns = self._reward_columns(trajs)
             for k, v in getattr(self, "_reward_errors", {}).items():
                 errors[k] = errors.get(k, 0.0) + v
@@ -640,6 +643,7 @@ class GRPOTrainer(Trainer):
             generated.extend(whole.trajectories)
         self._rounds_done()
         self._reward_errors = errors
+        self._invariant_failures, self._invariant_check_s = invariants
         groups = ds.take()
         shares = [groups[r::size] for r in range(size)]
         kept: list[Trajectory] = []

@@ -324,9 +324,9 @@ def test_two_ranks_keep_the_groups_one_process_keeps(tmp_path: Any) -> None:
 
 
 def test_ray_trainers_with_async_prefetch(tmp_path: Any, tiny_model_dir: Any) -> None:
-    """--distributed ray, two trainer ranks, async generation: the prefetched batch is the first
-    round (one policy version old), refills roll out at once; every step trains a full batch of
-    groups with spread and both ranks end with the same weights."""
+    """--distributed ray with async generation: the prefetched batch is the first round (one policy
+    version old), refills roll out at once; every step trains a full batch of groups with spread.
+    (Ranks agreeing on the groups is the torchrun test's; one trainer rank keeps this one cheap.)"""
     import sys
 
     ray = pytest.importorskip("ray")
@@ -336,14 +336,14 @@ def test_ray_trainers_with_async_prefetch(tmp_path: Any, tiny_model_dir: Any) ->
     from rlcore.distributed.runtime import ensure_ray
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this module
-    cfg = DistributedConfig(trainer=WorkerGroupConfig(num_workers=2, num_cpus=0.5),
+    cfg = DistributedConfig(trainer=WorkerGroupConfig(num_workers=1, num_cpus=0.5),
                             sampler=WorkerGroupConfig(num_workers=1, num_cpus=0.5), worker_timeout_s=120,
                             async_generation=True, max_staleness=1)
     started = not ray.is_initialized()
     ensure_ray(num_cpus=4)
     placed, pool = start_samplers(cfg, tiny_model_dir, seed=0)
     try:
-        args = _args(str(tmp_path / "ray"), max_steps=2, use_cpu=True)  # 4 per rank × 2 ranks: 4 groups a step
+        args = _args(str(tmp_path / "ray"), max_steps=2, use_cpu=True, per_device_train_batch_size=8)  # 4 groups
         result = run_distributed(tiny_model_dir, args, rows(), cfg, reward_funcs=[by_row], progress=False,
                                  samplers=(placed, pool))
     finally:
@@ -357,8 +357,6 @@ def test_ray_trainers_with_async_prefetch(tmp_path: Any, tiny_model_dir: Any) ->
     assert all(h["dynamic_sampling/filtered_groups"] == h["dynamic_sampling/generated_groups"] - 4 -
                h["dynamic_sampling/surplus_groups"] for h in logs)
     assert logs[1]["async/max_lag"] == 1  # step 2's first round came from the prefetch, one version old
-    sums = [r["param_checksum"] for r in result.ranks]
-    assert len(sums) == 2 and sums[0] == pytest.approx(sums[1], rel=0, abs=1e-9)
 
 
 def test_smollm2_trains_only_groups_with_spread(tmp_path: Any, smollm2_dir: str) -> None:
@@ -366,7 +364,7 @@ def test_smollm2_trains_only_groups_with_spread(tmp_path: Any, smollm2_dir: str)
     (a real gradient from groups with spread)."""
     t = rlcore.GRPOTrainer(smollm2_dir, reward_funcs=[by_row], train_dataset=rows(easy=6, hard=6),
                            args=_args(str(tmp_path / "smol"), max_steps=1, max_completion_length=3,
-                                      per_device_train_batch_size=4))  # 2 groups a step
+                                      per_device_train_batch_size=4, activation_checkpointing=False))  # 2 groups
     trained: list[list[str]] = []
     generate = t._generate_and_score
 

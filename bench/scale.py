@@ -27,6 +27,7 @@ through the object store and through a gloo broadcast in buckets, for each model
     python bench/scale.py                               # everything, tiny and small models
     python bench/scale.py --what sampler --sizes tiny,smollm2 --trajectories 32
     python bench/scale.py --what sync --sizes tiny,small,smollm2
+    python bench/scale.py --sizes tiny,small,smollm2 --policy-sizes tiny,small   # the committed run
 
 Writes ``bench/results/scale.json`` and ``.png`` (``--out``). ``meta.load_avg`` is the machine's
 load during the run: on a shared 2-core box every ratio here is a lower bound.
@@ -218,10 +219,11 @@ def plot(results: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     for ax, key in zip(axes[0], panels):
         if key in ("sampler", "policy"):
-            labels, ratios = [r["size"] for r in results[key]], [r["ratio"] for r in results[key]]
+            done = [r for r in results[key] if "ratio" in r]
+            labels, ratios = [r["size"] for r in done], [r["ratio"] for r in done]
             bars = ax.bar(labels, ratios, color="#2a7ab9", label="2 workers / 1")
             if key == "sampler":
-                ax.scatter(labels, [r["ceiling"] for r in results[key]], color="k", zorder=3, label="batching ceiling")
+                ax.scatter(labels, [r["ceiling"] for r in done], color="k", zorder=3, label="batching ceiling")
             for b, v in zip(bars, ratios):
                 ax.text(b.get_x() + b.get_width() / 2, v, f"{v:.2f}x", ha="center", va="bottom")
             ax.axhline(2.0, color="#888888", ls="--", lw=1)
@@ -244,6 +246,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--what", default="sampler,policy,sync", help="comma-separated: sampler, policy, sync")
     ap.add_argument("--sizes", default="tiny,small", help="comma-separated: tiny, small, smollm2")
+    ap.add_argument("--policy-sizes", default=None, help="sizes for --what policy (default: --sizes)")
     ap.add_argument("--trajectories", type=int, default=32)
     ap.add_argument("--policy-trajectories", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=16)
@@ -257,26 +260,39 @@ def main() -> None:
 
     what = [w.strip() for w in args.what.split(",") if w.strip()]
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    policy_sizes = [s.strip() for s in (args.policy_sizes or args.sizes).split(",") if s.strip()]
     ensure_ray(num_cpus=max(4, os.cpu_count() or 1))
     load0 = os.getloadavg()
     results: dict[str, Any] = {}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def each(fn: Any, size: str) -> dict[str, Any]:
+        """One size's measurement; a failure (a worker killed for memory on a shared box) is recorded."""
+        try:
+            return fn(size, args)
+        except Exception as exc:  # noqa: BLE001 - the other sizes still run; the JSON says what failed
+            print(f"  {fn.__name__} {size} failed: {str(exc).splitlines()[0][:300]}", flush=True)
+            return {"size": size, "error": str(exc).splitlines()[0][:300]}
+
     try:
         if "sampler" in what:
-            results["sampler"] = [bench_sampler(s, args) for s in sizes]
+            results["sampler"] = [each(bench_sampler, s) for s in sizes]
+            out.with_suffix(".partial.json").write_text(json.dumps(results, indent=2))
         if "policy" in what:
-            results["policy"] = [bench_policy(s, args) for s in sizes]
+            results["policy"] = [each(bench_policy, s) for s in policy_sizes]
+            out.with_suffix(".partial.json").write_text(json.dumps(results, indent=2))
         if "sync" in what:
             results["sync"] = bench_sync(sizes, args)
     finally:
         ray.shutdown()
+    out.with_suffix(".partial.json").unlink(missing_ok=True)
     meta = {
         "cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version(),
         "trajectories": args.trajectories, "policy_trajectories": args.policy_trajectories, "max_tokens": args.max_tokens,
         "repeats": args.repeats, "torch_threads_per_worker": 1, "load_avg_at_start": load0[0],
         "load_avg_at_end": os.getloadavg()[0],
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, **results}, indent=2))
     plot(results, out.with_suffix(".png"))
     summary = {k: [{x: v for x, v in r.items() if x != "runs"} for r in rs] for k, rs in results.items()}

@@ -175,8 +175,9 @@ def _supports_tools(tok: Any) -> bool:
 TOOLED = [n for n in _originals() if n not in MULTIMODAL | CHANNELS]
 #: a tool-call reply is kept as the tool-call message (content + tool_calls) where the template then
 #: renders it exactly as sampled (Gemma 4, DiffusionGemma, gpt-oss, Muse Glimmer), else as its text,
-#: else (Nemotron 3, whose template drops the empty reasoning block the generation prompt opened;
-#: DeepSeek-V3, which drops the reasoning before the call) a sample of its own. Families whose calls
+#: else as the tool-call message whose content is the text before the calls (DeepSeek-V3: the closed
+#: <think> block), else (Nemotron 3, whose template drops the empty reasoning block the generation
+#: prompt opened) a sample of its own. Families whose calls
 #: no parser reads would be pinned here (their trajectories must fail, loudly, never train wrong): none
 TOOL_GAPS: set[str] = set()
 

@@ -443,3 +443,38 @@ async def test_a_plugin_registers_its_own_tool_parser(bracket_plugin: None, tiny
     res = await run_rollouts(sched, prompts, sampling_params=SamplingParams(max_tokens=60), progress=False)
     t = res.trajectories[0]
     assert t.status == "ok" and t.messages[2] == {"role": "tool", "name": "calculator", "content": "42"}
+
+
+@pytest.mark.parametrize("arguments, one_sequence", [
+    ('{"expression": "26 + 9"}', True),  # as the template writes JSON: the call message renders back as sampled
+    ('{"expression":"26 + 9"}', False),  # compact JSON renders otherwise: the turn after the call is a sample of its own
+])
+async def test_a_deepseek_v3_call_after_reasoning_appends_as_a_tool_call_message(tiny_tokenizer: Any, arguments: str,
+                                                                                  one_sequence: bool) -> None:
+    """DeepSeek-V3's original template renders a reply's text without its reasoning but a tool-call
+    message's content verbatim: the reply (``<think>`` opened by the generation prompt, reasoning,
+    ``</think>``, the calls) is kept as the tool-call message whose content is the reasoning block,
+    and the conversation goes on as one sequence; where the arguments are not written as the
+    template writes them, the turn after the call is a sample of its own. Exact either way."""
+    from rlcore.rollout import check_batch
+
+    tok = with_template(tiny_tokenizer, "deepseekv3")
+    tok.add_special_tokens({"additional_special_tokens": ["<｜end▁of▁sentence｜>"]})
+    tok.eos_token = "<｜end▁of▁sentence｜>"
+    call = ("I need the calculator.\n</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>calculator\n"
+            f"```json\n{arguments}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
+    sampler = _scripted(tok, call, "<think>\nThe tool said 35.\n</think>\n\n35")
+    sched = ToolScheduler(sampler, max_turns=3)
+    assert sched.tool_parser.name == "deepseek_v3"
+    prompts = load_prompts([{"question": "What is 26 + 9?"}], tok, tools=sched.tools)
+    res = await run_rollouts(sched, prompts, sampling_params=SamplingParams(max_tokens=400), progress=False)
+    t = res.trajectories[0]
+    assert t.status == "ok", t.reason
+    assert t.infos["tool_calls"] == 1 and t.messages[2]["content"] == "35"
+    assert not check_batch(res.trajectories, tok, tools=sched.tools)
+    assert t.has_turn_samples == (not one_sequence)
+    if one_sequence:
+        assert t.messages[1]["content"] == "<think>\nI need the calculator.\n</think>\n\n"
+        assert t.messages[1]["tool_calls"][0]["function"] == {"name": "calculator", "arguments": arguments}
+        first, second = (tok.decode(ids, skip_special_tokens=False) for ids, *_ in sampler.calls)
+        assert second.startswith(first + call + "<｜end▁of▁sentence｜>")  # the sampled call, then only appended text

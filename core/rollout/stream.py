@@ -241,6 +241,13 @@ class TokenStream:
             else:
                 text, problem = tk.appended_text(self.tokenizer, synced, new, streamed, tools=self.tools, head=head,
                                                  after=after)
+                if problem is not None and assistant_open and any(m.get("role") == "tool" for m in new):
+                    # neither form renders back as sampled: the tool-call message whose content is
+                    # the text the reply wrote before its calls (DeepSeek-V3 renders a call message's
+                    # content, a closed <think> block, verbatim, but not a reply's text)
+                    called = self._as_tool_call(trajectory, last, new, streamed, head, with_content=True)
+                    if called is not None:
+                        (text, after), problem = called, None
         if problem is not None and mode == "append":
             raise problem
         self.head = (len(synced) + len(new), after)
@@ -323,10 +330,12 @@ class TokenStream:
         return text
 
     def _as_tool_call(self, trajectory: Trajectory, last: int, new: list[dict[str, Any]], streamed: str,
-                      head: str) -> tuple[str, str] | None:
+                      head: str, *, with_content: bool = False) -> tuple[str, str] | None:
         """The reply (the open assistant message, ``last``) read by :attr:`reader` as a tool-call
         message, when the conversation with it in that form appends exactly: ``(the text to
-        append, the rendering after it)``; the message is then kept in that form. Else None."""
+        append, the rendering after it)``; the message is then kept in that form. Else None.
+        ``with_content``: the message's ``content`` is the text before the calls as the template
+        places it (:func:`content_before_calls`), not empty."""
         content = self.synced[last].get("content")
         message = self.reader(content) if self.reader is not None and isinstance(content, str) else None
         if not message or not message.get("tool_calls"):
@@ -334,6 +343,14 @@ class TokenStream:
         as_text = {**message, "tool_calls": [{**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"])}}
                                              for c in message["tool_calls"]]}  # DeepSeek-V3 takes the arguments as JSON text
         for candidate in (message, as_text):
+            if with_content:
+                try:
+                    before = content_before_calls(self.tokenizer, self.synced[:last], candidate, head + content, self.tools)
+                except tk.ChatTemplateError:
+                    before = None
+                if not before:
+                    continue
+                candidate = {**candidate, "content": before}
             synced = [*self.synced[:last], {**candidate, "role": "assistant"}]
             try:
                 # the template must render the message as the reply was sampled, not only close it
@@ -391,3 +408,41 @@ class TokenStream:
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return a == b
+
+
+def content_before_calls(tokenizer: Any, history: list[dict[str, Any]], message: dict[str, Any], sampled: str,
+                         tools: list[dict[str, Any]] | None) -> str | None:
+    """The ``content`` that makes the tool-call ``message`` render, after ``history``, as the text
+    ``sampled`` (the generation prompt and the reply), where the template writes a call message's
+    content verbatim before its calls: what ``sampled`` holds between the text the template puts
+    before the content and the longest tail of it that begins the calls' rendering. None when the
+    template does not place the content that way (the caller checks the rendering either way)."""
+    marked = tk.render(tokenizer, [*history, {**message, "role": "assistant", "content": tk._SENTINEL}], tools=tools)
+    at = marked.find(tk._SENTINEL)
+    if at < 0 or not sampled.startswith(marked[:at]):
+        return None
+    rest, calls = sampled[at:], marked[at + len(tk._SENTINEL):]
+    return rest[:len(rest) - _overlap(rest, calls)]
+
+
+def _overlap(text: str, start: str) -> int:
+    """Length of the longest tail of ``text`` that is a head of ``start`` (Knuth-Morris-Pratt: linear)."""
+    if not start:
+        return 0
+    fail = [0] * len(start)
+    k = 0
+    for i in range(1, len(start)):
+        while k and start[i] != start[k]:
+            k = fail[k - 1]
+        if start[i] == start[k]:
+            k += 1
+        fail[i] = k
+    k = 0
+    for ch in text:
+        if k == len(start):
+            k = fail[k - 1]
+        while k and ch != start[k]:
+            k = fail[k - 1]
+        if ch == start[k]:
+            k += 1
+    return k

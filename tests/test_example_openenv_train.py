@@ -6,13 +6,24 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from rlcore.cli import main
 
-EXAMPLE = Path(__file__).resolve().parents[4] / "examples" / "openenv" / "config.yaml"
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "openenv" / "config.yaml"
 
 
-#: the ``server`` fixture (conftest) serves eight sessions here
-SERVER_OPTIONS = {"max_concurrent_envs": 8}
+@pytest.fixture
+def rlcore_plugins() -> str:
+    return "rl-plugin-openenv"  # the example's env client and scheduler
+
+
+@pytest.fixture(scope="module")
+def server():
+    """A guess_number server on 127.0.0.1 (a free port) serving eight sessions."""
+    from rl_plugin_openenv.server import ServerThread
+
+    with ServerThread(max_concurrent_envs=8) as url:
+        yield url
 
 
 def test_train_steps_on_env_rewards(server, tiny_model_dir, tmp_path):

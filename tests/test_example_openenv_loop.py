@@ -12,7 +12,12 @@ from rlcore.testing import load_script
 
 from rl_plugin_openenv.testing import ServerProcess
 
-EXAMPLE = Path(__file__).resolve().parents[4] / "examples" / "openenv" / "loop.py"
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "openenv" / "loop.py"
+
+
+@pytest.fixture
+def rlcore_plugins() -> str:
+    return "rl-plugin-openenv"  # the example's env client and scheduler
 
 
 def _example() -> Any:

@@ -12,20 +12,12 @@ from typing import Any, Callable
 
 import pytest
 
-from rlcore.chat_template import encode_prompt
 from rlcore.rollout.driver import run_rollouts
 from rlcore.testing.multi_turn import RecordingSampler
 from rlcore.types import Prompt, SamplingParams
 
 from rl_plugin_agents.scheduler import AgentProxyScheduler
-
-#: the tool-call reply the scripted sampler gives (the hermes format the tiny template shows)
-CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12*13"}}\n</tool_call>'
-
-
-def prompt(tokenizer: Any, question: str = "What is 12 * 13?", **data: Any) -> Prompt:
-    messages = [{"role": "user", "content": question}]
-    return Prompt(messages=messages, prompt_ids=encode_prompt(tokenizer, messages), data={"answer": "156", **data})
+from rl_plugin_agents.testing import prompt
 
 
 @pytest.fixture

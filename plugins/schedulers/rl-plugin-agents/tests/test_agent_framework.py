@@ -17,7 +17,7 @@ agents = pytest.importorskip("agents")
 from rlcore.rollout.invariants import check_trajectory  # noqa: E402
 from rlcore.testing.multi_turn import assert_rows_are_sampler_calls  # noqa: E402
 
-from conftest import CALL, prompt  # noqa: E402
+from rl_plugin_agents.testing import CALL, prompt  # noqa: E402
 
 agents.set_tracing_disabled(True)
 CALLS: list[str] = []

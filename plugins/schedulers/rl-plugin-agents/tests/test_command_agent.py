@@ -13,7 +13,7 @@ from pathlib import Path
 from rlcore.rollout.invariants import check_trajectory
 from rlcore.testing.multi_turn import assert_rows_are_sampler_calls
 
-from conftest import prompt
+from rl_plugin_agents.testing import prompt
 
 AGENT = textwrap.dedent('''
     import json, os, subprocess, sys, time

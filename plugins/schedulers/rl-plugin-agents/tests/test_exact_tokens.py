@@ -13,7 +13,7 @@ from rlcore.rollout.invariants import check_trajectory
 from rlcore.testing.multi_turn import assert_rows_are_sampler_calls
 
 from rl_plugin_agents.examples.calculator import TOOLS, run as calculator_agent
-from conftest import CALL
+from rl_plugin_agents.testing import CALL
 
 
 def test_a_tool_calling_agent_is_one_exact_sequence(scripted_sampler, make_proxy, rollout, recorded, tiny_tokenizer):

@@ -12,7 +12,7 @@ import pytest
 from rlcore.errors import ConfigError
 
 from rl_plugin_agents.scheduler import AgentProxyScheduler
-from conftest import prompt
+from rl_plugin_agents.testing import prompt
 
 ASK = [{"role": "user", "content": "hi"}]
 

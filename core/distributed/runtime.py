@@ -76,13 +76,3 @@ def ensure_ray(address: str | None = None, *, num_cpus: float | None = None, num
         init_kwargs["num_gpus"] = int(-(-num_gpus // 1))
     ray.init(**init_kwargs, **kwargs)
     return ray
-
-
-def shutdown_ray() -> None:
-    """Stop the Ray instance this process started or joined (a no-op when none)."""
-    try:
-        import ray
-    except ImportError:
-        return
-    if ray.is_initialized():
-        ray.shutdown()

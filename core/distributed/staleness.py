@@ -1,5 +1,5 @@
-"""Async generation's bookkeeping: which trajectories are too old to train on, and the prefetch of
-the next step's rollouts while this step trains.
+"""Async generation's bookkeeping: which trajectories are too old to train on, and how old the
+ones kept are (the prefetch itself is the trainer's).
 
 Why drop by policy version: in async mode a trajectory is sampled by weights that are already one
 or more optimizer steps behind. A little lag is fine — importance correction uses the sampler's own
@@ -9,8 +9,7 @@ noise and clipping, so those trajectories are dropped and counted.
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from ..types import Trajectory
 
@@ -37,43 +36,6 @@ def filter_stale(
         lag = current_version - oldest[t.group_id or t.uuid]
         (dropped if lag > max_staleness else kept).append(t)
     return kept, dropped
-
-
-class RolloutPrefetcher:
-    """Runs ``produce(step)`` as a background task so step ``t+1``'s rollouts overlap step ``t``'s
-    training. At most one batch is in flight (that bounds the lag to one step's worth of syncs
-    plus whatever the sampler was already doing)."""
-
-    def __init__(self, produce: Callable[[int], Awaitable[list[Trajectory]]]) -> None:
-        self.produce = produce
-        self._task: asyncio.Task[list[Trajectory]] | None = None
-        self._step: int | None = None
-
-    def start(self, step: int) -> None:
-        if self._task is not None and not self._task.done():
-            raise RuntimeError("a rollout batch is already in flight")
-        self._step = step
-        self._task = asyncio.ensure_future(self.produce(step))
-
-    @property
-    def in_flight(self) -> bool:
-        return self._task is not None and not self._task.done()
-
-    async def take(self) -> list[Trajectory]:
-        """Wait for the batch in flight and return it."""
-        if self._task is None:
-            raise RuntimeError("no rollout batch was started")
-        task, self._task = self._task, None
-        return await task
-
-    async def cancel(self) -> None:
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - shutting down
-                pass
-        self._task = None
 
 
 def staleness_metrics(kept: list[Trajectory], dropped: list[Trajectory], current_version: int) -> dict[str, Any]:

@@ -62,6 +62,9 @@ class AgentProxyScheduler(RolloutScheduler):
                  max_requests: int | None = None, max_request_tokens: int | None = None,
                  max_request_bytes: int = 8 << 20, agent_sampling: str = "refuse", tool_parser: str = "auto",
                  model_name: str | None = None, **kwargs: Any) -> None:
+        if kwargs.get("tools") is not None:
+            raise ConfigError("agent_proxy takes no tools option: each request carries its own tools (the agent's), "
+                              "and those are what the chat template renders")
         super().__init__(sampler, max_turns, **kwargs)
         if (agent is None) == (agent_cmd is None):
             raise ConfigError("agent_proxy needs one agent: --agent my_pkg.agent:run (a Python function) or "
@@ -127,6 +130,11 @@ class AgentProxyScheduler(RolloutScheduler):
             except tk.ChatTemplateError:
                 prompt = ""
         return run_parser(parser, text, tools=self.tools_for(trajectory), prompt=prompt)
+
+    @property
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """None: each trajectory renders the tools its agent's requests carry (``infos["template_tools"]``)."""
+        return None
 
     def reply_reader(self, trajectory: Trajectory) -> Any:
         return tool_call_reader(self, trajectory)

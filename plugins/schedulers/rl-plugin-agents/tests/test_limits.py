@@ -106,5 +106,7 @@ def test_options_are_checked_in_one_line(tiny_tokenizer):
         AgentProxyScheduler(tokenizer=tiny_tokenizer, agent="no_such_module_x:run")
     with pytest.raises(ConfigError, match="agent_sampling 'loose' is not one of refuse, ignore"):
         AgentProxyScheduler(tokenizer=tiny_tokenizer, agent=_agent, agent_sampling="loose")
+    with pytest.raises(ConfigError, match="takes no tools option: each request carries its own tools"):
+        AgentProxyScheduler(tokenizer=tiny_tokenizer, agent=_agent, tools=[{"type": "function", "function": {"name": "f"}}])
     with pytest.raises(ConfigError, match="agent_timeout must be a positive number"):
         AgentProxyScheduler(tokenizer=tiny_tokenizer, agent=_agent, agent_timeout=0)

@@ -20,7 +20,7 @@ Reported per mode: median step seconds, peak memory above the loaded model (CPU:
 CUDA: ``max_memory_allocated``), positions the decoder ran, and each one's ratio to ``padded``.
 The loss of every mode is printed beside the padded one (they agree to float rounding).
 
-    python bench/padding_free.py                          # CPU: tiny + SmolLM2, a few minutes
+    python bench/padding_free.py                          # CPU: tiny + SmolLM2, 8 rows, about 8 minutes
     python bench/padding_free.py --models tiny --rows 32  # quicker
     python bench/padding_free.py --device cuda --dtype bfloat16 --models qwen2-0.5b smollm2 \\
         --rows 64 --prompt-mean 110 --completion-median 180 --max-completion-length 1024 --micro 4
@@ -107,8 +107,12 @@ def setup(args: argparse.Namespace) -> tuple:
         attn[i, : p + c] = 1
         cmask[i, p : p + c] = 1
     adv = torch.randn(B, 1, generator=g).expand(B, T) * cmask
-    batch = Batch(ids, attn, cmask, adv.contiguous(), -2.0 * cmask, torch.ones(B, dtype=torch.bool)).to(dev)
-    batch.ref_logps = (-2.0 + 0.1 * torch.randn(B, T, generator=g)).to(dev) * batch.completion_mask
+    batch = Batch(ids, attn, cmask, adv.contiguous(), torch.zeros(B, T), torch.ones(B, dtype=torch.bool)).to(dev)
+    from rlcore.loop.loss import batch_logprobs
+
+    own = batch_logprobs(model, batch, rows_per_pass=1)  # the reference: the model's own logprobs, a little off
+    batch.ref_logps = (own + 0.05 * torch.randn(B, T, generator=g).to(dev)) * batch.completion_mask
+    batch.sampler_logps = batch.ref_logps.clone()
     order = torch.randperm(B, generator=g)
     micro = [batch.select(c.to(dev)) for c in torch.tensor_split(order, args.micro)]
     return model, micro, spans
@@ -230,14 +234,14 @@ def main() -> None:
     ap.add_argument("--device", default="auto", help="auto: cuda when available, else cpu")
     ap.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
     ap.add_argument("--attn", default="sdpa", help="attn_implementation (sdpa, eager, flash_attention_2)")
-    ap.add_argument("--rows", type=int, default=None, help="generation batch rows (default: 16 on cpu, 64 on cuda)")
-    ap.add_argument("--prompt-mean", type=float, default=None, help="default: 40 on cpu, 110 on cuda")
-    ap.add_argument("--completion-median", type=float, default=None, help="default: 60 on cpu, 180 on cuda")
-    ap.add_argument("--max-completion-length", type=int, default=None, help="default: 256 on cpu, 1024 on cuda")
+    ap.add_argument("--rows", type=int, default=None, help="generation batch rows (default: 8 on cpu, 64 on cuda)")
+    ap.add_argument("--prompt-mean", type=float, default=None, help="default: 32 on cpu, 110 on cuda")
+    ap.add_argument("--completion-median", type=float, default=None, help="default: 40 on cpu, 180 on cuda")
+    ap.add_argument("--max-completion-length", type=int, default=None, help="default: 160 on cpu, 1024 on cuda")
     ap.add_argument("--micro", type=int, default=2, help="micro-batches per step (steps_per_generation)")
     ap.add_argument("--budget", type=int, default=None, help="padding_free_max_tokens of the budget mode (default 4×T/2)")
     ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads (default: 1 on cpu — on a shared machine more threads wait on each other; 0: torch's default)")
@@ -252,10 +256,10 @@ def main() -> None:
     gpu = args.device.startswith("cuda")
     args.dtype = args.dtype or ("bfloat16" if gpu else "float32")
     args.threads = (0 if gpu else 1) if args.threads is None else args.threads
-    args.rows = args.rows or (64 if gpu else 16)
-    args.prompt_mean = args.prompt_mean or (110.0 if gpu else 40.0)
-    args.completion_median = args.completion_median or (180.0 if gpu else 60.0)
-    args.max_completion_length = args.max_completion_length or (1024 if gpu else 256)
+    args.rows = args.rows or (64 if gpu else 8)
+    args.prompt_mean = args.prompt_mean or (110.0 if gpu else 32.0)
+    args.completion_median = args.completion_median or (180.0 if gpu else 40.0)
+    args.max_completion_length = args.max_completion_length or (1024 if gpu else 160)
     if args.budget is None:
         spans = lengths(args.rows, args.prompt_mean, args.completion_median, args.max_completion_length, args.seed)
         args.budget = 2 * max(p + c for p, c in spans)
@@ -283,10 +287,11 @@ def main() -> None:
                 r["memory_ratio"] = r["peak_mib"] / base["peak_mib"] if base["peak_mib"] > 0 else None
                 r["positions_ratio"] = r["positions"] / base["positions"]
                 r["loss_diff"] = abs(r["loss"] - base["loss"])
+                r["loss_rel_diff"] = r["loss_diff"] / max(abs(base["loss"]), 1e-12)
             line = (f"{name:>10} {r['mode']:>20}: " + (r["error"] if "error" in r else
                     f"{r['step_s']:7.3f} s/step  peak {r['peak_mib']:8.1f} MiB  positions {r['positions']:6d}"
                     + (f"  (x{r['time_ratio']:.2f} time, x{r['memory_ratio'] or 0:.2f} memory, x{r['positions_ratio']:.2f} "
-                       f"positions, |Δloss| {r['loss_diff']:.1e})" if "time_ratio" in r else "")))
+                       f"positions, |Δloss| {r['loss_diff']:.1e} of {abs(r['loss']):.3g})" if "time_ratio" in r else "")))
             print(line, flush=True)
         report["results"][name] = rows
     report["meta"]["load_average_end"] = list(os.getloadavg())

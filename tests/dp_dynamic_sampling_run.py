@@ -10,10 +10,7 @@ import sys
 
 from rlcore import GRPOConfig, GRPOTrainer
 from rlcore.demo import tiny_model_path
-
-
-def by_row(completions: list[str], easy: list[bool]) -> list[float]:
-    return [1.0 if e else float(i % 2) for i, e in enumerate(easy)]
+from rlcore.testing.spread import by_row
 
 
 def main(out: str, per_device: int) -> None:

@@ -15,7 +15,8 @@ from rlcore.distributed import DistributedConfig, WorkerFailedError, WorkerGroup
 from rlcore.distributed.cluster import start_samplers  # noqa: E402
 from rlcore.distributed.routing import bind_trajectory  # noqa: E402
 from rlcore.distributed.runtime import ensure_ray  # noqa: E402
-from rlcore.rollout import MultiTurnScheduler, RolloutScheduler, run_rollouts  # noqa: E402
+from rlcore.rollout import RolloutScheduler, run_rollouts  # noqa: E402
+from rlcore.testing.multi_turn import AskAgain  # noqa: E402
 from rlcore.types import Prompt, SamplingParams  # noqa: E402
 
 
@@ -34,18 +35,11 @@ def cluster(tiny_model_dir):
     ray.shutdown()
 
 
-class RecordingScheduler(MultiTurnScheduler):
-    """Three turns regardless of length stops; records which sampler worker served each turn."""
+class RecordingScheduler(AskAgain):
+    """Asks again until max_turns regardless of length stops; records which sampler worker served each turn."""
 
     def on_turn_end(self, infer_request, response_choice, current_turn):
         return {"infos": {"workers": infer_request.infos.get("workers", []) + [response_choice.meta["sampler_worker"]]}}
-
-    def step(self, infer_request, response_choice, current_turn):
-        infer_request.messages.append({"role": "user", "content": "again"})
-        return {"infer_request": infer_request}
-
-    def check_finished(self, infer_request, response_choice, current_turn):
-        return current_turn >= self.max_turns
 
 
 def _prompts(tokenizer, n):
@@ -308,18 +302,38 @@ def test_adaptive_entropy_moves_on_the_world_mean_across_trainer_ranks(cluster, 
     assert sums[0] == pytest.approx(sums[1], rel=0, abs=1e-9)
 
 
-class TurnWorkers(MultiTurnScheduler):
-    """Two turns; records the sampler worker of every turn."""
+class SeededAskAgain(SeededScheduler, AskAgain):
+    """Three seeded turns: asks again whatever the reply (deterministic on any worker)."""
 
-    def on_turn_end(self, infer_request, response_choice, current_turn):
-        return {"infos": {"workers": infer_request.infos.get("workers", []) + [response_choice.meta["sampler_worker"]]}}
+    default_max_turns = 3
 
-    def step(self, infer_request, response_choice, current_turn):
-        infer_request.messages.append({"role": "user", "content": "again"})
-        return {"infer_request": infer_request}
 
-    def check_finished(self, infer_request, response_choice, current_turn):
-        return current_turn >= self.max_turns
+def test_per_turn_samples_train_on_ray_as_in_one_process(cluster, tiny_model_dir, tmp_path):
+    """A chat template that rewrites history (a header counting the messages): every turn is a
+    sample of its own (``multi_turn_mode`` auto). One trainer and two sampler workers on Ray train
+    the same per-turn rows as one process: the same loss, gradient norm and sample counts."""
+    from rlcore.distributed.runner import run_distributed
+    from rlcore.trainer import GRPOTrainer
+    from transformers import AutoTokenizer
+
+    template = tmp_path / "counting.jinja"
+    template.write_text("{{ messages | length }} messages\n" + AutoTokenizer.from_pretrained(tiny_model_dir).chat_template)
+    kw = dict(chat_template=str(template), max_completion_length=4)
+    _, placed, pool = cluster
+    single = GRPOTrainer(tiny_model_dir, reward_funcs=[digit_sum_mod7], args=_grpo_args(tmp_path / "single", **kw),
+                         train_dataset=ROWS, scheduler=SeededAskAgain(), prompt_column="prompt")
+    single.train()
+    ref = [h for h in single.state.log_history if "loss" in h]
+    result = run_distributed(tiny_model_dir, _grpo_args(tmp_path / "ray", **kw), ROWS, _train_config(1),
+                             reward_funcs=[digit_sum_mod7], scheduler=SeededAskAgain(), prompt_column="prompt",
+                             progress=False, samplers=(placed, pool))
+    got = [h for h in result.log_history if "loss" in h]
+    assert len(ref) == len(got) == 2 and ref[0]["grad_norm"] > 0
+    for a, b in zip(ref, got):
+        assert a["num_turns"] == 3 and a["samples"] == a["episodes"] * 3, a  # per-turn rows in both runs
+        assert (b["samples"], b["episodes"], b["failed_trajectories"]) == (a["samples"], a["episodes"], 0)
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-6)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
 
 
 async def _kill_when_busy(pool, placed, idx, timeout=60.0):
@@ -340,7 +354,7 @@ async def test_killed_sampler_worker_mid_rollout_loses_no_trajectory(cluster):
     hangs. Keep this test last in the file: it kills the module's shared sampler workers."""
     _, placed, pool = cluster
     params = SamplingParams(max_tokens=24, temperature=1.0)
-    sched = TurnWorkers(pool, max_turns=2, sampling_params=params)
+    sched = RecordingScheduler(pool, max_turns=2, sampling_params=params)
     rollout = asyncio.ensure_future(run_rollouts(sched, _prompts(pool.tokenizer, 4), num_generations=2, progress=False))
     in_flight = await _kill_when_busy(pool, placed, 1)
     result = await rollout

@@ -18,6 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import rlcore  # noqa: E402
+from rlcore.testing.spread import by_row, easy_and_hard_rows  # noqa: E402
 from rlcore.errors import ConfigError, RunFailedError  # noqa: E402
 from rlcore.testing.cli import fails_before_model_load  # noqa: E402
 from rlcore.training.dynamic_sampling import DynamicSampling, filter_groups  # noqa: E402
@@ -25,12 +26,7 @@ from rlcore.types import Trajectory  # noqa: E402
 
 
 def rows(easy: int = 6, hard: int = 6) -> list[dict[str, Any]]:
-    return [{"prompt": f"easy {i}", "id": f"e{i}", "easy": True} for i in range(easy)] + \
-        [{"prompt": f"hard {i}", "id": f"h{i}", "easy": False} for i in range(hard)]
-
-
-def by_row(completions: list[str], easy: list[bool]) -> list[float]:
-    return [1.0 if e else float(i % 2) for i, e in enumerate(easy)]
+    return easy_and_hard_rows(easy, hard)
 
 
 def _args(out: str, **over: Any) -> Any:

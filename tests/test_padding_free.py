@@ -390,16 +390,9 @@ def test_per_turn_samples_padding_free_score_what_the_sampler_sampled(tiny_model
 
     from rlcore.loop import Policy
     from rlcore.loop.loss import pack
-    from rlcore.rollout import MultiTurnScheduler, encode_prompt, run_rollouts
+    from rlcore.rollout import encode_prompt, run_rollouts
+    from rlcore.testing.multi_turn import AskAgain
     from rlcore.types import Prompt, SamplingParams
-
-    class AskAgain(MultiTurnScheduler):
-        def check_finished(self, infer_request, response_choice, current_turn):
-            return current_turn >= self.max_turns
-
-        def step(self, infer_request, response_choice, current_turn):
-            infer_request.messages.append({"role": "user", "content": f"again {current_turn}"})
-            return {"infer_request": infer_request}
 
     tok = copy.deepcopy(tiny_tokenizer)
     tok.chat_template = "{{ messages | length }} messages\n" + tiny_tokenizer.chat_template  # rewrites the history

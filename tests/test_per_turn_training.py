@@ -21,8 +21,8 @@ import torch
 
 from rlcore.chat_template import set_multi_turn_mode
 from rlcore.cli import main
-from rlcore.rollout import MultiTurnScheduler, check_batch, encode_prompt, run_rollouts
-from rlcore.testing.multi_turn import DigitRounds
+from rlcore.rollout import check_batch, encode_prompt, run_rollouts
+from rlcore.testing.multi_turn import AskAgain, DigitRounds
 from rlcore.testing.packages import load_in_process
 from rlcore.types import Prompt, SamplingParams
 
@@ -33,17 +33,6 @@ def counting_tokenizer(tiny_tokenizer: Any) -> Any:
     tok = copy.deepcopy(tiny_tokenizer)
     tok.chat_template = COUNTING + tiny_tokenizer.chat_template
     return tok
-
-
-class AskAgain(MultiTurnScheduler):
-    """Asks again until ``max_turns``, whatever the reply (a reply cut at the token cap included)."""
-
-    def check_finished(self, infer_request, response_choice, current_turn):
-        return current_turn >= self.max_turns
-
-    def step(self, infer_request, response_choice, current_turn):
-        infer_request.messages.append({"role": "user", "content": f"again {current_turn}"})
-        return {"infer_request": infer_request}
 
 
 def test_the_model_scores_each_per_turn_row_as_sampled(tiny_model_dir: str, tiny_tokenizer: Any,

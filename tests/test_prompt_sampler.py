@@ -13,19 +13,14 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import rlcore  # noqa: E402
+from rlcore.testing.spread import by_row, easy_and_hard_rows  # noqa: E402
 from rlcore.testing.cli import fails_before_model_load  # noqa: E402
 from rlcore.training.prompt_sampler import DifficultyPromptSampler  # noqa: E402
 from rlcore.training.prompts import PromptCursor  # noqa: E402
 
 
 def rows(n_easy: int = 3, n_hard: int = 3) -> list[dict[str, Any]]:
-    return [{"prompt": f"easy {i}", "id": f"e{i}", "easy": True} for i in range(n_easy)] + \
-        [{"prompt": f"hard {i}", "id": f"h{i}", "easy": False} for i in range(n_hard)]
-
-
-def by_row(completions: list[str], easy: list[bool]) -> list[float]:
-    """Easy rows: every completion solves it (1.0); hard rows: half do (spread), whatever the model says."""
-    return [1.0 if e else float(i % 2) for i, e in enumerate(easy)]
+    return easy_and_hard_rows(n_easy, n_hard)
 
 
 def _args(out: str, **over: Any) -> Any:

@@ -52,8 +52,9 @@ FAMILY_PARSER = {
 
 
 def with_template(tokenizer: Any, name: str) -> Any:
-    """A copy of ``tokenizer`` whose chat template is TRL's ``name.jinja`` (the original text)."""
-    tok = copy.copy(tokenizer)
+    """A copy of ``tokenizer`` whose chat template is TRL's ``name.jinja`` (the original text); a deep
+    copy, so a test that adds tokens to it leaves the session's shared tokenizer as it was."""
+    tok = copy.deepcopy(tokenizer)
     tok.chat_template = (TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8")
     return tok
 

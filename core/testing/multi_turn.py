@@ -20,8 +20,21 @@ from typing import Any, Sequence
 
 from ..chat_template import decode, generic_assistant_closing, render
 from ..envs import Env
+from ..rollout.scheduler import MultiTurnScheduler
 from ..sampling.base import Sampler
 from ..types import Completion, SamplingParams
+
+
+class AskAgain(MultiTurnScheduler):
+    """Asks again (``again N``) until ``max_turns``, whatever the reply (one cut at the token cap
+    included): a multi-turn conversation whose every turn is a sampled reply."""
+
+    def check_finished(self, infer_request: Any, response_choice: Any, current_turn: int) -> bool:
+        return current_turn >= self.max_turns
+
+    def step(self, infer_request: Any, response_choice: Any, current_turn: int) -> dict[str, Any]:
+        infer_request.messages.append({"role": "user", "content": f"again {current_turn}"})
+        return {"infer_request": infer_request}
 
 
 class RecordingSampler(Sampler):

@@ -1,4 +1,5 @@
-"""Helpers that let hooks and components be sync or ``async def`` interchangeably."""
+"""Helpers that let hooks and components be sync or ``async def`` interchangeably, and an ASGI app
+served from a thread of this process (rlcore's local HTTP endpoints)."""
 
 from __future__ import annotations
 
@@ -49,3 +50,38 @@ def run_sync(coro: Awaitable[T]) -> T:
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, coro).result()  # type: ignore[arg-type]
+
+
+def serve_in_thread(app: Any, host: str, port: int = 0, *, what: str, thread_name: str | None = None,
+                    timeout: float = 30.0, **config: Any) -> tuple[Any, Any, int]:
+    """Serve ``app`` with uvicorn in a daemon thread, on a socket bound here to ``host``:``port``
+    (0: a free port), and wait until it accepts: ``(server, thread, port)``; the thread is named
+    ``thread_name:port`` (default ``what``). ``config`` are more
+    ``uvicorn.Config`` keywords. One line naming ``what`` when it does not start within ``timeout``."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, **{"log_level": "warning", "access_log": False, "lifespan": "off", **config}))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name=f"{thread_name or what}:{port}")
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"{what} on http://{host}:{port} did not start")
+        time.sleep(0.01)
+    return server, thread, port
+
+
+def stop_served(server: Any, thread: Any, timeout: float = 10.0) -> None:
+    """Stop what :func:`serve_in_thread` started (either may be None: nothing to stop)."""
+    if server is not None:
+        server.should_exit = True
+    if thread is not None:
+        thread.join(timeout=timeout)

@@ -25,6 +25,7 @@ from typing import Any, Sequence
 import attrs
 
 from ..errors import ConfigError
+from .errors import first_line
 from ..loop.placement import set_placer
 
 
@@ -169,7 +170,7 @@ def place_policy(group: DeviceGroup, args: tuple[Any, ...], kwargs: dict[str, An
         cause = getattr(exc, "cause", None) or exc
         if isinstance(cause, Exception) and type(cause).__module__.startswith("rlcore"):
             raise cause from None
-        raise ConfigError(f"the policy on group {group.name!r} failed to start: {_first_line(cause)}") from None
+        raise ConfigError(f"the policy on group {group.name!r} failed to start: {first_line(cause)}") from None
     return RemotePolicy(placed.actors, args[0] if args else kwargs.get("model"), kwargs.get("tokenizer"),
                         group=group.name, placed=placed)
 
@@ -346,7 +347,7 @@ class RemotePolicy:
         from .runtime import require_ray
 
         if isinstance(exc, RayActorError):
-            self._stop(f"policy worker {rank} of group {self.group!r} died during {what} ({_first_line(exc)}); "
+            self._stop(f"policy worker {rank} of group {self.group!r} died during {what} ({first_line(exc)}); "
                        "the policy group is stopped — build the Policy again and load the last checkpoint "
                        "(policy.load(path))")
             return WorkerFailedError(self.failed or "")
@@ -356,13 +357,13 @@ class RemotePolicy:
             ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=10.0)
             if len(ready) < len(pending):
                 self._stop(f"policy worker {rank} of group {self.group!r} failed during {what} "
-                           f"({_first_line(cause or exc)}) while the other ranks waited for it; the policy group is "
+                           f"({first_line(cause or exc)}) while the other ranks waited for it; the policy group is "
                            "stopped — build the Policy again and load the last checkpoint (policy.load(path))")
         if isinstance(cause, Exception) and type(cause).__module__.startswith("rlcore"):
             return cause  # a user error raised inside the worker: its own one-line message
         if self.failed is not None:
             return WorkerFailedError(self.failed)
-        return WorkerFailedError(f"policy worker {rank} of group {self.group!r} failed to {what}: {_first_line(cause or exc)}")
+        return WorkerFailedError(f"policy worker {rank} of group {self.group!r} failed to {what}: {first_line(cause or exc)}")
 
     def _stop(self, why: str) -> None:
         self.failed = why
@@ -513,11 +514,3 @@ def _bounds(n: int, ranks: int) -> list[tuple[int, int]]:
 def _rows(t: Any, a: int, b: int) -> Any:
     return None if t is None else t[a:b]
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    for line in text.splitlines():
-        line = line.strip()
-        if line and not line.startswith(("Traceback", "File ", "ray::")):
-            return line[:300]
-    return type(exc).__name__

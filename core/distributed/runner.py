@@ -15,7 +15,7 @@ import attrs
 
 from .cluster import connect, start_samplers
 from .config import DistributedConfig
-from .errors import WorkerFailedError
+from .errors import WorkerFailedError, first_line
 from .placement import PlacedGroup, place_actors
 from .runtime import require_ray
 
@@ -171,22 +171,14 @@ def _failure(group: str, rank: int, what: str, exc: BaseException) -> BaseExcept
 
     if isinstance(exc, RayActorError):
         return WorkerFailedError(
-            f"{group} worker {rank} died during {what} ({_first_line(exc)}); the run stopped — "
+            f"{group} worker {rank} died during {what} ({first_line(exc)}); the run stopped — "
             "resume with --resume-from-checkpoint from the last checkpoint"
         )
     cause = getattr(exc, "cause", None) if isinstance(exc, RayTaskError) else exc
     if isinstance(cause, Exception) and type(cause).__module__.startswith("rlcore"):
         return cause  # a user error raised inside the worker: keep its own one-line message
-    return WorkerFailedError(f"{group} worker {rank} failed to {what}: {_first_line(cause or exc)}")
+    return WorkerFailedError(f"{group} worker {rank} failed to {what}: {first_line(cause or exc)}")
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    for line in text.splitlines():
-        line = line.strip()
-        if line and not line.startswith(("Traceback", "File ", "ray::")):
-            return line[:300]
-    return type(exc).__name__
 
 
 class _Progress:

@@ -289,6 +289,23 @@ def tool_call_message(calls: list[ToolCall]) -> dict[str, Any] | None:
             "tool_calls": [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in good]}
 
 
+def parse_reply_calls(parser: Any, tokenizer: Any, trajectory: Trajectory, text: str,
+                      tools: list[dict[str, Any]] | None) -> list[ToolCall]:
+    """The tool calls ``parser`` finds in ``text``, an assistant message of ``trajectory`` rendered
+    with ``tools`` (a parser that reads the prompt gets the conversation before that message, as the
+    template renders it with its generation prompt)."""
+    prompt = None
+    if getattr(parser, "wants_prompt", False):
+        msgs = list(trajectory.messages)
+        if msgs and msgs[-1].get("role") == "assistant":
+            msgs = msgs[:-1]
+        try:
+            prompt = render(tokenizer, msgs, add_generation_prompt=True, tools=tools)
+        except ChatTemplateError:
+            prompt = ""
+    return run_parser(parser, text, tools=tools, prompt=prompt)
+
+
 class ToolScheduler(MultiTurnScheduler):
     """Runs the model's tool calls and feeds back the results until it stops calling tools.
 
@@ -325,17 +342,7 @@ class ToolScheduler(MultiTurnScheduler):
 
     def parse_calls(self, trajectory: Trajectory, text: str) -> list[ToolCall]:
         """The tool calls in ``text``, an assistant message of ``trajectory``, as the run's parser finds them."""
-        parser = self.tool_parser
-        prompt = None
-        if getattr(parser, "wants_prompt", False):
-            msgs = list(trajectory.messages)
-            if msgs and msgs[-1].get("role") == "assistant":
-                msgs = msgs[:-1]
-            try:
-                prompt = render(self._require_tokenizer(), msgs, add_generation_prompt=True, tools=self.tools_for(trajectory))
-            except ChatTemplateError:
-                prompt = ""
-        return run_parser(parser, text, tools=self.tools_for(trajectory), prompt=prompt)
+        return parse_reply_calls(self.tool_parser, self._require_tokenizer(), trajectory, text, self.tools_for(trajectory))
 
     def reply_reader(self, trajectory: Trajectory) -> Any:
         """A reply with calls, as the tool-call message a template renders from ``tool_calls``

@@ -47,12 +47,12 @@ service resumes. ``server.peak_running`` is the most requests that were generati
 # no `from __future__ import annotations`: FastAPI resolves the endpoint annotations (Request) at runtime
 
 import asyncio
-import socket
 import threading
 import time
 import uuid
 from typing import Any
 
+from ..asyncutil import serve_in_thread, stop_served
 from ..sampling.hf import HFSampler
 from .vllm_standin import token_logprobs
 from ..sampling.vllm_support import RAW, parse_version
@@ -398,29 +398,13 @@ class OpenAICompatServer:
         return f"http://{self.host}:{self.port}"
 
     def start(self, timeout: float = 30.0) -> "OpenAICompatServer":
-        import uvicorn
-
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(build_app(self), log_level="warning", access_log=False, lifespan="off")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True,
-                                        name=f"openai-server:{self.port}")
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"test OpenAI server on {self.url} did not start")
-            time.sleep(0.02)
+        self._server, self._thread, self.port = serve_in_thread(build_app(self), self.host, self.port,
+                                                                what="test OpenAI server",
+                                                                thread_name="openai-server", timeout=timeout)
         return self
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        stop_served(self._server, self._thread)
 
     def __enter__(self) -> "OpenAICompatServer":
         return self.start()

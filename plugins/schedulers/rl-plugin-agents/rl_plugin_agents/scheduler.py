@@ -20,10 +20,9 @@ from typing import Any, Callable
 
 from rlcore.errors import ConfigError
 from rlcore.rollout.scheduler import RolloutScheduler
-from rlcore.rollout.tool_parsers import check_tool_parser_name, make_tool_parser, run_parser
-from rlcore.rollout.tools import warn_if_tools_not_rendered
+from rlcore.rollout.tool_parsers import check_tool_parser_name, make_tool_parser
+from rlcore.rollout.tools import parse_reply_calls, warn_if_tools_not_rendered
 from rlcore.types import Trajectory
-from rlcore import chat_template as tk
 
 from .agents import AgentFailed, failure, load_agent, read_result, run_callable, run_command, split_command
 from .server import ProxyServer
@@ -119,17 +118,7 @@ class AgentProxyScheduler(RolloutScheduler):
 
     def parse_calls(self, trajectory: Trajectory, text: str) -> list[Any]:
         """The calls in ``text`` as the run's tool parser finds them (typed by the trajectory's tools)."""
-        parser = self.tool_parser
-        prompt = None
-        if getattr(parser, "wants_prompt", False):
-            msgs = list(trajectory.messages)
-            if msgs and msgs[-1].get("role") == "assistant":
-                msgs = msgs[:-1]
-            try:
-                prompt = tk.render(self._require_tokenizer(), msgs, add_generation_prompt=True, tools=self.tools_for(trajectory))
-            except tk.ChatTemplateError:
-                prompt = ""
-        return run_parser(parser, text, tools=self.tools_for(trajectory), prompt=prompt)
+        return parse_reply_calls(self.tool_parser, self._require_tokenizer(), trajectory, text, self.tools_for(trajectory))
 
     @property
     def template_tools(self) -> list[dict[str, Any]] | None:

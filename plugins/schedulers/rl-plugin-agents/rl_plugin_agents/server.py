@@ -16,10 +16,11 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-import socket
 import threading
 import time
 from typing import Any, Protocol
+
+from rlcore.asyncutil import serve_in_thread, stop_served
 
 from .openai_format import ProxyError, completion_body, stream_chunks
 
@@ -148,29 +149,12 @@ class ProxyServer:
     def start(self, timeout: float = 30.0) -> "ProxyServer":
         if self.running:
             return self
-        import uvicorn
-
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((HOST, 0))
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self._app(), log_level="warning", access_log=False, lifespan="off",
-                                timeout_keep_alive=30, backlog=4096)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True,
-                                        name=f"rlcore-agent-proxy:{self.port}")
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the agent proxy on {self.url} did not start")
-            time.sleep(0.01)
+        self._server, self._thread, self.port = serve_in_thread(
+            self._app(), HOST, 0, what="the agent proxy", thread_name="rlcore-agent-proxy",
+            timeout=timeout, timeout_keep_alive=30, backlog=4096)
         return self
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        stop_served(self._server, self._thread)
         self._thread = None
         self.sessions.clear()

@@ -7,26 +7,19 @@ batch's reward std, so a rank that normalised or scaled over its own share would
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from rlcore.testing.runs import launch_ranks
+
 SCRIPT = Path(__file__).with_name("dp_run.py")
 
 
 def _run(out: Path, ranks: int, loss_type: str, scale_rewards: str) -> dict[str, Any]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    per_device = str(16 // ranks)
-    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)] \
-        if ranks > 1 else [sys.executable]
-    proc = subprocess.run([*launch, str(SCRIPT), str(out), per_device, loss_type, scale_rewards], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    launch_ranks(SCRIPT, ranks, out, 16 // ranks, loss_type, scale_rewards)
     logs = json.loads((out / "logs.json").read_text())
     assert logs["world_size"] == ranks
     return {"weights": torch.load(out / "weights.pt"), "logs": logs["logs"], "evals": logs["evals"],

@@ -10,7 +10,6 @@ no learning signal), a ``hard`` row alternates 0/1 within its group (spread), wh
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import pytest
@@ -293,21 +292,16 @@ def test_loop_api(tmp_path: Any) -> None:
 def test_two_ranks_keep_the_groups_one_process_keeps(tmp_path: Any) -> None:
     """torchrun, 2 ranks: every rank decides from every rank's groups, so both keep the same groups,
     train the same number each, and the run trains the groups a single process trains."""
-    import subprocess
-    import sys
     from pathlib import Path
 
+    from rlcore.testing.runs import launch_ranks
+
     script = Path(__file__).with_name("dp_dynamic_sampling_run.py")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     got = {}
     for ranks in (1, 2):
         out = tmp_path / f"r{ranks}"
         out.mkdir()
-        launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"] \
-            if ranks > 1 else [sys.executable]
-        proc = subprocess.run([*launch, str(script), str(out), str(8 // ranks)], env=env, capture_output=True,
-                              text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        launch_ranks(script, ranks, out, 8 // ranks)
         got[ranks] = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(ranks)]
     one, (r0, r1) = got[1][0], got[2]
     assert r0["world_size"] == 2

@@ -355,22 +355,15 @@ def test_two_data_parallel_ranks_padding_free_train_like_one_padded_process(tmp_
     normalisers come from the whole batch before packing, and the weights after two SGD steps are
     one padded process's (``tests/dp_run.py``, as ``tests/test_data_parallel.py`` runs it)."""
     import json
-    import os
-    import subprocess
-    import sys
     from pathlib import Path
 
+    from rlcore.testing.runs import launch_ranks
+
     script = Path(__file__).with_name("dp_run.py")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     runs = {}
-    for name, launch, per_device, extra in (
-            ("one", [sys.executable], "16", []),
-            ("two", [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"], "8",
-             ["padding_free"])):
+    for name, ranks, extra in (("one", 1, []), ("two", 2, ["padding_free"])):
         out = tmp_path / name
-        proc = subprocess.run([*launch, str(script), str(out), per_device, "dapo", "batch", *extra], env=env,
-                              capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        launch_ranks(script, ranks, out, 16 // ranks, "dapo", "batch", *extra)
         runs[name] = (torch.load(out / "weights.pt"), json.loads((out / "logs.json").read_text()))
     (w1, l1), (w2, l2) = runs["one"], runs["two"]
     assert l2["world_size"] == 2

@@ -173,21 +173,16 @@ def test_two_ranks_draw_what_one_process_draws(tmp_path: Any) -> None:
     """Data parallel: each rank scores only its share of the groups, yet every rank's sampler learns
     every group (gathered), so the ranks keep one order — the one a single process draws."""
     import json
-    import subprocess
-    import sys
     from pathlib import Path
 
+    from rlcore.testing.runs import launch_ranks
+
     script = Path(__file__).with_name("dp_prompt_sampler_run.py")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     got = {}
     for ranks in (1, 2):
         out = tmp_path / f"r{ranks}"
         out.mkdir()
-        launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"] \
-            if ranks > 1 else [sys.executable]
-        proc = subprocess.run([*launch, str(script), str(out), str(4 // ranks)], env=env, capture_output=True,
-                              text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        launch_ranks(script, ranks, out, 4 // ranks)
         got[ranks] = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(ranks)]
     one, (r0, r1) = got[1][0], got[2]
     assert r0["world_size"] == 2 and r0["drawn"] == r1["drawn"] == one["drawn"]

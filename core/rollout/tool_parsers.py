@@ -82,17 +82,7 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
 def _call_blocks(text: str) -> list[str]:
     """The stripped contents of ``<tool_call>…</tool_call>`` blocks, left to right, in linear time
     (a lazy regex rescans the rest of the text for every unclosed ``<tool_call>``: quadratic)."""
-    out = []
-    pos = 0
-    while True:
-        start = text.find(_OPEN, pos)
-        if start < 0:
-            return out
-        end = text.find(_CLOSE, start + len(_OPEN))
-        if end < 0:
-            return out
-        out.append(text[start + len(_OPEN) : end].strip())
-        pos = end + len(_CLOSE)
+    return [b.strip() for b in _blocks(text, _OPEN, _CLOSE)]
 
 
 #: longest function or parameter name a parser reads (a bounded scan for the closing ``>``)

@@ -1,9 +1,13 @@
 """Checks on a finished run's output that several test suites make (the env quickstarts of
-rl-plugin-gym and rl-plugin-openenv promise the same things about their runs)."""
+rl-plugin-gym and rl-plugin-openenv promise the same things about their runs), and the launch of a
+run script as one process or as torchrun ranks."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,3 +34,14 @@ def check_multi_turn_run(output_dir: str | Path, summary: str, *, steps: int, ep
     for part in ("turns per episode", "env steps", "episodes ended by"):
         assert part in summary, f"the run's summary does not report {part!r}"
     return rows
+
+
+def launch_ranks(script: str | Path, ranks: int, *args: str, timeout: float = 300) -> None:
+    """Run ``script args…`` as one process (``ranks`` 1) or under ``torchrun --standalone
+    --nproc_per_node ranks`` on the CPU (one thread a rank); fails with the tail of its stderr unless
+    it exits 0. The script writes what the test compares."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)] \
+        if ranks > 1 else [sys.executable]
+    proc = subprocess.run([*launch, str(script), *map(str, args)], env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -173,20 +173,14 @@ def test_difficulty_sampler_still_sees_filtered_groups(tmp_path: Any) -> None:
 
 
 def test_resumed_run_draws_and_trains_what_the_uninterrupted_one_did(tmp_path: Any) -> None:
-    from transformers import TrainerCallback
+    from rlcore.testing.runs import stop_at_step
 
     over = dict(max_steps=4, save_strategy="steps", save_steps=2, data=rows(easy=7, hard=3))
-
-    class StopAt2(TrainerCallback):
-        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> Any:
-            if state.global_step == 2:
-                control.should_training_stop = True
-            return control
 
     whole = trainer(str(tmp_path / "whole"), **over)
     whole.train()
     first = trainer(str(tmp_path / "cut"), **over)
-    first.add_callback(StopAt2())
+    first.add_callback(stop_at_step(2))
     first.train()
     second = trainer(str(tmp_path / "cut"), **over)
     second.train(resume_from_checkpoint=True)
@@ -200,19 +194,13 @@ def test_resumed_run_draws_and_trains_what_the_uninterrupted_one_did(tmp_path: A
 
 def test_the_skip_streak_survives_a_resume(tmp_path: Any) -> None:
     """Two skipped steps, a checkpoint, a resume: the third skipped step in a row stops the run."""
-    from transformers import TrainerCallback
+    from rlcore.testing.runs import stop_at_step
 
     over = dict(data=rows(easy=4, hard=0), max_resample_rounds=0, failure_patience=3, max_steps=6,
                 save_strategy="steps", save_steps=2)
 
-    class StopAt2(TrainerCallback):
-        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> Any:
-            if state.global_step == 2:
-                control.should_training_stop = True
-            return control
-
     first = trainer(str(tmp_path / "s"), **over)
-    first.add_callback(StopAt2())
+    first.add_callback(stop_at_step(2))
     first.train()
     state = json.loads((tmp_path / "s" / "checkpoint-2" / "rlcore_state.json").read_text())
     assert state["dynamic_sampling"]["steps"] == 2

@@ -101,21 +101,15 @@ def test_every_prompt_settled_still_draws() -> None:
 
 
 def test_resumed_run_draws_what_the_uninterrupted_one_drew(tmp_path: Any) -> None:
-    from transformers import TrainerCallback
+    from rlcore.testing.runs import stop_at_step
 
     over = dict(prompt_sampler="difficulty", prompt_sampler_options={"window": 1}, max_steps=6, save_strategy="steps",
                 save_steps=3)
     whole = trainer(str(tmp_path / "whole"), **over)
     whole.train()
 
-    class StopAt3(TrainerCallback):
-        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> Any:
-            if state.global_step == 3:
-                control.should_training_stop = True
-            return control
-
     first = trainer(str(tmp_path / "cut"), **over)
-    first.add_callback(StopAt3())
+    first.add_callback(stop_at_step(3))
     first.train()
     assert os.path.isdir(tmp_path / "cut" / "checkpoint-3") and first.state.global_step == 3
     second = trainer(str(tmp_path / "cut"), **over)

@@ -45,3 +45,17 @@ def launch_ranks(script: str | Path, ranks: int, *args: str, timeout: float = 30
         if ranks > 1 else [sys.executable]
     proc = subprocess.run([*launch, str(script), *map(str, args)], env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def stop_at_step(step: int) -> Any:
+    """A ``TrainerCallback`` that ends training once ``global_step`` reaches ``step`` (as if the run
+    was stopped there: what a resume then picks up)."""
+    from transformers import TrainerCallback
+
+    class StopAtStep(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+            if state.global_step == step:
+                control.should_training_stop = True
+            return control
+
+    return StopAtStep()

@@ -21,7 +21,7 @@ scheduler put in ``infos`` needs no pickling.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import attrs
 
@@ -137,6 +137,24 @@ def whole_batch(trajectories: Sequence[Trajectory], columns: dict[str, list[floa
     return WholeBatch(everyone, merged, start, start + len(mine))
 
 
+def _in_flat_buffers(tensors: list[Any], op: Callable[[Any], None]) -> None:
+    """Apply the in-place collective ``op`` to ``tensors`` through one flat buffer per dtype and
+    device (one call each instead of one per tensor), then copy the results back into them."""
+    import torch
+
+    buckets: dict[tuple[Any, Any], list[Any]] = {}
+    for t in tensors:
+        buckets.setdefault((t.dtype, t.device), []).append(t)
+    for group in buckets.values():
+        flat = torch.cat([t.detach().reshape(-1) for t in group])
+        op(flat)
+        offset = 0
+        for t in group:
+            n = t.numel()
+            t.copy_(flat[offset:offset + n].view_as(t))
+            offset += n
+
+
 def allreduce_gradients(model: Any) -> None:
     """Average every trainable parameter's gradient over the default process group, one flat buffer
     per dtype and device (gloo has no AVG: SUM, then divide). A parameter without a gradient on
@@ -148,21 +166,18 @@ def allreduce_gradients(model: Any) -> None:
     import torch
     import torch.distributed as dist
 
-    buckets: dict[tuple[Any, Any], list[Any]] = {}
+    grads = []
     for p in model.parameters():
         if p.requires_grad:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-            buckets.setdefault((p.grad.dtype, p.grad.device), []).append(p.grad)
-    for grads in buckets.values():
-        flat = torch.cat([g.reshape(-1) for g in grads])
+            grads.append(p.grad)
+
+    def average(flat: Any) -> None:
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         flat.div_(size)
-        offset = 0
-        for g in grads:
-            n = g.numel()
-            g.copy_(flat[offset:offset + n].view_as(g))
-            offset += n
+
+    _in_flat_buffers(grads, average)
 
 
 def broadcast_module(model: Any, src: int = 0) -> None:
@@ -175,18 +190,8 @@ def broadcast_module(model: Any, src: int = 0) -> None:
     import torch
     import torch.distributed as dist
 
-    buckets: dict[tuple[Any, Any], list[Any]] = {}
     with torch.no_grad():
-        for t in [*model.parameters(), *model.buffers()]:
-            buckets.setdefault((t.dtype, t.device), []).append(t)
-        for tensors in buckets.values():
-            flat = torch.cat([t.detach().reshape(-1) for t in tensors])
-            dist.broadcast(flat, src=src)
-            offset = 0
-            for t in tensors:
-                n = t.numel()
-                t.copy_(flat[offset:offset + n].view_as(t))
-                offset += n
+        _in_flat_buffers([*model.parameters(), *model.buffers()], lambda flat: dist.broadcast(flat, src=src))
 
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:

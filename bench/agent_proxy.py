@@ -61,7 +61,7 @@ QUESTION = [{"role": "user", "content": "What is 37 * 91? Reply with the number.
 
 def model_path(name: str) -> str:
     if name == "tiny":
-        from rlcore.demo import tiny_model_path
+        from rlcore.data.demo import tiny_model_path
 
         return tiny_model_path()
     if name == "smollm2":
@@ -110,7 +110,7 @@ async def _proxy(scheduler: Any, prompt: Any, inflight: int) -> tuple[float, dic
 
 def overhead(args: argparse.Namespace) -> dict[str, Any]:
     from rlcore.chat_template import encode_prompt
-    from rlcore.sampling.hf import HFSampler
+    from rlcore.sampling.hf.sampler import HFSampler
     from rlcore.types import Prompt, SamplingParams
 
     from rl_plugin_agents.scheduler import AgentProxyScheduler
@@ -209,7 +209,7 @@ def warm_start(out_dir: Path, steps: int, seed: int = 1) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlcore import chat_template as tk
-    from rlcore.demo import tiny_model_path
+    from rlcore.data.demo import tiny_model_path
 
     from rl_plugin_agents.examples.calculator import SYSTEM, TOOLS
 
@@ -257,7 +257,7 @@ def warm_start(out_dir: Path, steps: int, seed: int = 1) -> dict[str, Any]:
 def learning(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="agent-proxy-learning-"))
     run_dir = work / "run"
-    cmd = [sys.executable, "-m", "rlcore.cli", "train", "--scheduler", "agent_proxy",
+    cmd = [sys.executable, "-m", "rlcore.commands.cli", "train", "--scheduler", "agent_proxy",
            "--agent", args.agent, "--max-steps", str(args.steps), "--output-dir", str(run_dir), "--plots", "false"]
     warm = None
     if args.model == "warm":

@@ -3,7 +3,7 @@ each projection apart, and the fused forward with q/k/v and gate/up packed (its 
 
 Inside a CUDA graph a small model's decode step costs what its kernels cost (see
 ``decode_profile.py``), so the number of device operations per step is the figure the fused forward
-(:mod:`rlcore.sampling.hf_fused`) exists to cut. This counts them on any device — the CPU included,
+(:mod:`rlcore.sampling.hf.fused`) exists to cut. This counts them on any device — the CPU included,
 so it runs where no GPU is — by recording every aten operation the step dispatches (one step of
 ``StaticEngine._step``: sampling the next tokens, then the forward), leaving out views and casts to
 the dtype a tensor already has (no kernel). ``F.rms_norm`` counts as one operation: it is one fused
@@ -33,8 +33,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 sys.path.insert(0, str(Path(__file__).parent))
 from shapes import load_model, shape_names  # noqa: E402
 
-from rlcore.sampling import hf_fused, hf_static  # noqa: E402
-from rlcore.sampling.hf import HFSampler  # noqa: E402
+from rlcore.sampling.hf import fused as hf_fused, static as hf_static  # noqa: E402
+from rlcore.sampling.hf.sampler import HFSampler  # noqa: E402
 from rlcore.types import SamplingParams  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"

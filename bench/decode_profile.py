@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from shapes import load_model  # noqa: E402
 
-from rlcore.sampling.hf import HFSampler  # noqa: E402
+from rlcore.sampling.hf.sampler import HFSampler  # noqa: E402
 from rlcore.types import SamplingParams  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"

@@ -54,7 +54,7 @@ def make_rows(n: int, learnable: float) -> list[dict[str, Any]]:
 
 def model_path(name: str) -> str:
     if name == "tiny":
-        from rlcore.demo import tiny_model_path
+        from rlcore.data.demo import tiny_model_path
 
         return tiny_model_path()
     if name == "smollm2":
@@ -69,7 +69,7 @@ def model_path(name: str) -> str:
 
 def run(variant: str, seed: int, a: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, Any]:
     import rlcore
-    import rlcore.trainer as trainer_module
+    import rlcore.trainer.grpo as trainer_module
     from rlcore.training.dynamic_sampling import DynamicSampling
 
     class FullRefill(DynamicSampling):

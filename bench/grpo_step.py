@@ -84,7 +84,7 @@ def timing_callback(name: str, baton: Baton, times: list[float]) -> Any:
 
 
 def trl_reward(completions: list[Any], answer: list[Any], **kwargs: Any) -> list[float]:
-    from rlcore.tasks import digits_reward
+    from rlcore.data.tasks import digits_reward
 
     texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
     return digits_reward(texts, answer)
@@ -96,7 +96,7 @@ def build(a: argparse.Namespace, rows: list[dict], out: str, baton: Baton) -> di
     from trl import GRPOConfig as TRLConfig
     from trl import GRPOTrainer as TRLTrainer
 
-    from rlcore.trainer import GRPOConfig, GRPOTrainer
+    from rlcore.trainer.grpo import GRPOConfig, GRPOTrainer
 
     sys.path.insert(0, HERE)
     from shapes import load_model
@@ -175,7 +175,7 @@ def main() -> None:
     ap.add_argument("--bf16", action="store_true", help="bf16 mixed precision on both sides (default float32)")
     a = ap.parse_args()
 
-    from rlcore.tasks import digits_dataset
+    from rlcore.data.tasks import digits_dataset
 
     rows = digits_dataset(256)
     baton = Baton(["rlcore", "trl"])

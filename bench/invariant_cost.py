@@ -37,8 +37,8 @@ def main() -> None:
 
     from transformers import TrainerCallback
 
-    from rlcore.train_cli import build_plan
-    from rlcore.trainer import GRPOTrainer
+    from rlcore.commands.train import build_plan
+    from rlcore.trainer.grpo import GRPOTrainer
 
     out = tempfile.mkdtemp(prefix="rlcore-invcost-")
     plan = build_plan(["--max_steps", str(a.steps + a.warmup), "--output_dir", out, "--save_strategy", "no",

@@ -66,8 +66,8 @@ def main() -> None:
 
     import torch
 
-    from rlcore.tasks import digits_dataset
-    from rlcore.trainer import GRPOConfig, GRPOTrainer
+    from rlcore.data.tasks import digits_dataset
+    from rlcore.trainer.grpo import GRPOConfig, GRPOTrainer
     from shapes import load_model
 
     rows = digits_dataset(256)

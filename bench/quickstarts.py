@@ -88,7 +88,7 @@ def _pin(cpus: list[int] | None) -> Any:
 def start_run(name: str, quickstart: str, extra: list[str], url: str, workdir: Path, cpus: list[int] | None) -> dict[str, Any]:
     out = workdir / name
     argv = [a.replace("{url}", url) for a in QUICKSTARTS[quickstart]] + extra + ["--output_dir", str(out)]
-    cmd = [sys.executable, "-m", "rlcore.cli", "train", *argv]
+    cmd = [sys.executable, "-m", "rlcore.commands.cli", "train", *argv]
     env = dict(os.environ, OMP_NUM_THREADS=str(len(cpus) if cpus else os.cpu_count() or 1))
     log = open(workdir / f"{name}.log", "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=_pin(cpus))

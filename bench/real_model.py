@@ -74,14 +74,14 @@ def load(path: str, train: bool = True) -> tuple[Any, Any]:
 
 def digits_rows(n: int, seed: int = 0) -> list[dict[str, Any]]:
     """The built-in digits questions as conversational rows (both trainers apply the chat template)."""
-    from rlcore.tasks import digits_dataset
+    from rlcore.data.tasks import digits_dataset
 
     return [{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in digits_dataset(n, seed=seed)]
 
 
 def digits_reward(completions: list[Any], answer: list[Any], **kwargs: Any) -> list[float]:
     """rlcore's ``digits`` reward as a TRL-style function, handed to both trainers (so they score alike)."""
-    from rlcore.tasks import digits_reward as score
+    from rlcore.data.tasks import digits_reward as score
 
     return score([c[-1]["content"] if isinstance(c, list) else c for c in completions], answer)
 
@@ -119,7 +119,7 @@ def make_trainers(a: argparse.Namespace, path: str, rows: list[dict[str, Any]], 
     from trl import GRPOConfig as TRLConfig
     from trl import GRPOTrainer as TRLTrainer
 
-    from rlcore.trainer import GRPOConfig, GRPOTrainer
+    from rlcore.trainer.grpo import GRPOConfig, GRPOTrainer
 
     ours_cls, theirs_cls = GRPOTrainer, TRLTrainer
     if profile is not None:
@@ -439,7 +439,7 @@ def cmd_merge(a: argparse.Namespace) -> None:
 def cmd_sampler(a: argparse.Namespace) -> None:
     import torch
 
-    from rlcore.sampling.hf import HFSampler
+    from rlcore.sampling.hf.sampler import HFSampler
     from sampler_throughput import make_prompts, run_generate, run_sampler
 
     model, tok = load(model_dir(), train=False)
@@ -560,7 +560,7 @@ def cmd_base(a: argparse.Namespace) -> None:
     """Mean reward of the untrained model on candidate tasks: ``a.prompts_per_task`` prompts × 4 samples."""
     from rlcore import SamplingParams
     from rlcore.loop import Rollout, make_prompts
-    from rlcore.sampling.hf import HFSampler
+    from rlcore.sampling.hf.sampler import HFSampler
 
     model, tok = load(model_dir(), train=False)
     sampler = HFSampler(model, tok, seed=0)
@@ -581,7 +581,7 @@ def cmd_base(a: argparse.Namespace) -> None:
 
 
 def base_candidates(n: int) -> dict[str, tuple[list[dict[str, Any]], Any]]:
-    from rlcore.tasks import digits_reward as digits
+    from rlcore.data.tasks import digits_reward as digits
 
     out: dict[str, tuple[list[dict[str, Any]], Any]] = {}
     rows = digits_rows(n)

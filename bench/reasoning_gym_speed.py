@@ -88,9 +88,9 @@ class StepTimer:
 
         from transformers import TrainerCallback
 
-        from rlcore.tasks import DEFAULT_TRAIN_CONFIG, digits_dataset
+        from rlcore.data.tasks import DEFAULT_TRAIN_CONFIG, digits_dataset
         from rlcore.testing import tiny_model_path
-        from rlcore.trainer import GRPOConfig, GRPOTrainer
+        from rlcore.trainer.grpo import GRPOConfig, GRPOTrainer
 
         self.times: list[float] = []
         self.go = threading.Semaphore(0)

@@ -105,7 +105,7 @@ async def main() -> None:
 
     import torch
 
-    from rlcore.sampling.hf import HFSampler
+    from rlcore.sampling.hf.sampler import HFSampler
     from rlcore.testing import tiny_model_path
 
     torch.manual_seed(0)

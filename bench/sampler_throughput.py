@@ -7,7 +7,7 @@ trajectories waiting on their next turn, ``T`` tokens each) it measures generate
   the static cache + CUDA-graph decode path, on CPU the dynamic loop);
 - ``dynamic``    — the same sampler forced onto the dynamic loop (``decode="dynamic"``);
 - ``static``     — forced onto the static path (``decode="static"``: graphs on CUDA, eager on CPU),
-  with the fused decode forward for Llama-family models (:mod:`rlcore.sampling.hf_fused`);
+  with the fused decode forward for Llama-family models (:mod:`rlcore.sampling.hf.fused`);
 - ``static_model`` — the static path running the model's own forward (``fused_decode=False``);
 - ``static_unpacked`` — the fused forward with every projection its own matmul (``pack_projections=False``);
 - ``one_by_one`` — the sampler with ``max_batch_size=1`` (a forward loop per request; its
@@ -46,7 +46,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from shapes import load_model, shape_names  # noqa: E402
 
-from rlcore.sampling.hf import HFSampler  # noqa: E402
+from rlcore.sampling.hf.sampler import HFSampler  # noqa: E402
 from rlcore.types import SamplingParams  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from .compat import moved as _moved
+
+_moved.install()  # old import paths of moved modules keep working, with a DeprecationWarning
+
 from .errors import (
     ConfigError,
     DatasetError,

@@ -106,7 +106,7 @@ def register_prompt_samplers(register: Register) -> None:
     """Register prompt samplers: ``register("my_order", MyPromptSampler)``.
 
     The factory is called as ``factory(cursor=…, **options)`` (``cursor``: the run's seeded
-    :class:`rlcore.training.prompts.PromptCursor` over the dataset rows, saved in checkpoints; the
+    :class:`rlcore.data.cursor.PromptCursor` over the dataset rows, saved in checkpoints; the
     options: ``prompt_sampler_options`` and the ``--flags`` it declares) and returns an object with
     ``take(k)`` (the next ``k`` row indices), ``observe(outcomes)`` (``(row index, [reward per
     completion])`` per scored group), ``metrics()`` (a dict of floats logged each step) and

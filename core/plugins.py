@@ -34,11 +34,9 @@ from .errors import PluginError, UnknownComponentError
 from .errors import one_line as _one_line
 
 BUILTIN_PLUGINS: tuple[str, ...] = (
-    "rlcore.sampling.plugin",
-    "rlcore.rollout.plugin",
-    "rlcore.algorithms.plugin",
+    "rlcore.builtin_components",
     "rlcore.rewards",
-    "rlcore.tasks",
+    "rlcore.data.tasks",
     "rlcore.training.prompt_sampler",
 )
 

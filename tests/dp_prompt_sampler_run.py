@@ -9,7 +9,7 @@ import os
 import sys
 
 from rlcore import GRPOConfig, GRPOTrainer
-from rlcore.demo import tiny_model_path
+from rlcore.data.demo import tiny_model_path
 from rlcore.testing.spread import by_row
 
 

@@ -21,8 +21,8 @@ import torch
 from transformers import AutoTokenizer
 
 from rlcore import GRPOConfig, GRPOTrainer
-from rlcore.demo import tiny_model_path
-from rlcore.tasks import digits_dataset, digits_reward
+from rlcore.data.demo import tiny_model_path
+from rlcore.data.tasks import digits_dataset, digits_reward
 from rlcore.testing import ScriptedSampler
 
 

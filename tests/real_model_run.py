@@ -16,7 +16,7 @@ import json
 import os
 import sys
 
-from rlcore.trainer import GRPOConfig, GRPOTrainer
+from rlcore.trainer.grpo import GRPOConfig, GRPOTrainer
 
 STEPS, SAVE_STEPS = 2, 1
 

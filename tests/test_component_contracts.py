@@ -166,7 +166,7 @@ def test_unknown_env_or_env_option_is_one_line(package, tok) -> None:
 
 def test_train_flags_reach_the_component_that_declares_them(package, tmp_path) -> None:
     from rlcore.algorithms.losses import LossConfig
-    from rlcore.train_cli import apply_component_options, build_plan
+    from rlcore.commands.train import apply_component_options, build_plan
     from rlcore.training.components import make_advantage
 
     plan = build_plan([
@@ -190,8 +190,8 @@ def test_reward_class_options_are_flags_in_both_commands(package, tmp_path) -> N
 
     from click.testing import CliRunner
 
-    from rlcore.cli import _load_commands, cli
-    from rlcore.train_cli import build_plan
+    from rlcore.commands.cli import _load_commands, cli
+    from rlcore.commands.train import build_plan
 
     plan = build_plan(["--reward", "length_times", "--factor", "2", "--output_dir", str(tmp_path / "t")])
     assert plan.component_options["reward"] == {"length_times": {"factor": 2.0}}

@@ -13,7 +13,7 @@ import pytest
 from rlcore import DatasetError, UnknownComponentError, hookimpl
 from rlcore.data import load_rows, parse_dataset_options, parse_dataset_source, rows_from_source
 from rlcore.plugins import Plugins
-from rlcore.tasks import digits_dataset
+from rlcore.data.tasks import digits_dataset
 
 
 def _plugin(name: str, **hooks: Any) -> str:
@@ -84,7 +84,7 @@ class LazyRows(Sequence):
 
 
 def test_a_lazy_source_stays_lazy_through_loading_and_the_trainer_rows() -> None:
-    from rlcore.training.prompts import as_rows, check_columns
+    from rlcore.data.cursor import as_rows, check_columns
 
     made: list[LazyRows] = []
 
@@ -146,7 +146,7 @@ def test_parse_dataset_options() -> None:
 
 
 def test_rlcore_train_plan_reads_a_source_with_flag_options() -> None:
-    from rlcore.train_cli import build_plan
+    from rlcore.commands.train import build_plan
 
     plan = build_plan(["--dataset", "rlcore:digits?n=16", "--dataset-options", "seed=4", "--reward", "digits",
                        "--max_steps", "1", "--report_to", "none"])

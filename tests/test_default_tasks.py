@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from rlcore.errors import PluginError
-from rlcore.tasks import DEFAULT_TRAIN_CONFIG, DefaultTask, default_task_for
-from rlcore.train_cli import episode_rows
+from rlcore.data.tasks import DEFAULT_TRAIN_CONFIG, DefaultTask, default_task_for
+from rlcore.commands.train import episode_rows
 from rlcore.training.metrics import episode_metrics
 from rlcore.types import Trajectory, Turn
 

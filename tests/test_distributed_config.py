@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from rlcore.distributed import DistributedConfig, WorkerGroupConfig, filter_stale
-from rlcore.distributed.cli import split_distributed_flags
+from rlcore.commands.distributed import split_distributed_flags
 from rlcore.distributed.routing import Router
 from rlcore.errors import ConfigError, MissingDependencyError
 from rlcore.types import Trajectory
@@ -60,7 +60,7 @@ def test_cli_flags_build_the_layout_and_leave_the_rest():
 
 
 def test_rlcore_train_reports_a_flag_error_in_one_line(capsys):
-    from rlcore.cli import main
+    from rlcore.commands.cli import main
 
     with pytest.raises(SystemExit) as exc:
         main(["train", "--num-sampler-workers", "2"])
@@ -119,7 +119,7 @@ def test_filter_stale_drops_whole_groups_by_their_oldest_member():
 def test_export_plain_model_sends_parameters_once(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from rlcore.weights import export_weights
+    from rlcore.sampling.weight_export import export_weights
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     weights, lora = export_weights(model, sampler_accepts_lora=True)
@@ -132,7 +132,7 @@ def test_export_lora_adapters_or_merged_weights(tiny_model_dir):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from rlcore.weights import export_weights
+    from rlcore.sampling.weight_export import export_weights
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     plain_names = {n for n, _ in base.named_parameters()}

@@ -193,7 +193,7 @@ def _train_config(num_trainers, **kw):
 
 def test_one_trainer_two_samplers_match_single_process(cluster, tiny_model_dir, tmp_path):
     from rlcore.distributed.runner import run_distributed
-    from rlcore.trainer import GRPOTrainer
+    from rlcore.trainer.grpo import GRPOTrainer
 
     _, placed, pool = cluster
     single = GRPOTrainer(tiny_model_dir, reward_funcs=[digit_sum_mod7], args=_grpo_args(tmp_path / "single"),
@@ -270,7 +270,7 @@ def test_rlcore_train_distributed_ray_cli(cluster, tmp_path, capsys):
     """The command line end to end: its own sampler group on the running Ray instance."""
     import json
 
-    from rlcore.cli import main
+    from rlcore.commands.cli import main
 
     out = tmp_path / "cli"
     main(["train", "--distributed", "ray", "--num-trainer-workers", "1", "--num-sampler-workers", "1",
@@ -313,7 +313,7 @@ def test_per_turn_samples_train_on_ray_as_in_one_process(cluster, tiny_model_dir
     sample of its own (``multi_turn_mode`` auto). One trainer and two sampler workers on Ray train
     the same per-turn rows as one process: the same loss, gradient norm and sample counts."""
     from rlcore.distributed.runner import run_distributed
-    from rlcore.trainer import GRPOTrainer
+    from rlcore.trainer.grpo import GRPOTrainer
     from transformers import AutoTokenizer
 
     template = tmp_path / "counting.jinja"

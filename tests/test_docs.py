@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlcore import docgen, hookspecs
+from rlcore.commands import docgen
+from rlcore import hookspecs
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -45,7 +46,7 @@ def test_every_hookspec_is_listed_by_docgen():
 
 @pytest.mark.parametrize("page", list(docgen.PAGES))
 def test_generated_page_is_current(page):
-    assert (DOCS / page).read_text() == docgen.PAGES[page](), f"docs/{page} is stale: run python -m rlcore.docgen"
+    assert (DOCS / page).read_text() == docgen.PAGES[page](), f"docs/{page} is stale: run python -m rlcore.commands.docgen"
 
 
 @pytest.mark.parametrize("hook", ALL_HOOKS)

@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 import rlcore  # noqa: E402
 from rlcore.testing.spread import by_row, easy_and_hard_rows  # noqa: E402
 from rlcore.errors import ConfigError, RunFailedError  # noqa: E402
-from rlcore.testing.cli import fails_before_model_load  # noqa: E402
+from rlcore.testing.cli_checks import fails_before_model_load  # noqa: E402
 from rlcore.training.dynamic_sampling import DynamicSampling, filter_groups  # noqa: E402
 from rlcore.types import Trajectory  # noqa: E402
 
@@ -37,7 +37,7 @@ def _args(out: str, **over: Any) -> Any:
 
 def trainer(out: str, data: list[dict[str, Any]] | None = None, **over: Any) -> Any:
     """A tiny-model trainer that records the rows each round drew and the groups each step trained."""
-    from rlcore.demo import tiny_model_path
+    from rlcore.data.demo import tiny_model_path
 
     t = rlcore.GRPOTrainer(tiny_model_path(), reward_funcs=[by_row], args=_args(out, **over),
                            train_dataset=rows() if data is None else data)
@@ -146,7 +146,7 @@ def test_min_groups_above_what_was_found_skips(tmp_path: Any) -> None:
 def test_the_metric_can_name_one_reward(tmp_path: Any) -> None:
     """Two rewards: ``by_row`` has spread on hard rows, ``constant`` never does. The total has
     spread where by_row has; dynamic_sampling_metric='constant' finds none and says so."""
-    from rlcore.demo import tiny_model_path
+    from rlcore.data.demo import tiny_model_path
 
     def constant(completions: list[str]) -> list[float]:
         return [0.5] * len(completions)
@@ -210,7 +210,7 @@ def test_the_skip_streak_survives_a_resume(tmp_path: Any) -> None:
 
 
 def test_flags_and_bad_values(tmp_path: Any, capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rlcore.train_cli import build_plan
+    from rlcore.commands.train import build_plan
 
     plan = build_plan(["--dynamic-sampling", "true", "--max-resample-rounds", "2", "--min-groups", "2",
                        "--dynamic-sampling-metric", "digits", "--output_dir", str(tmp_path / "t")])
@@ -253,7 +253,7 @@ def test_spread_rules_and_refill_sizes() -> None:
 
 def test_loop_api(tmp_path: Any) -> None:
     """The loop's DynamicSampling: rounds of make_prompts → Rollout → Rewards until the batch is full."""
-    from rlcore.demo import tiny_model_path
+    from rlcore.data.demo import tiny_model_path
     from rlcore.loop import DynamicSampling as LoopDS, Policy, Rewards, Rollout, make_prompts
     from rlcore.plugins import get
     from rlcore.types import SamplingParams

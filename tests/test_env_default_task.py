@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from rlcore.cli import main
+from rlcore.commands.cli import main
 from rlcore.testing.packages import load_in_process
 from rlcore.testing.multi_turn import DigitRounds
-from rlcore.train_cli import build_plan
+from rlcore.commands.train import build_plan
 
 
 @pytest.fixture

@@ -35,7 +35,7 @@ def test_config_is_the_seed_001_recipe() -> None:
     cfg = _example_module().load_config(bf16=False)  # bf16 needs a GPU to validate
     assert cfg["reward_funcs"] == ["gsm8k_accuracy", "gsm8k_format"]
     assert cfg["num_generations"] == 8 and cfg["loss_type"] == "grpo" and cfg["epsilon"] == 0.2
-    from rlcore.trainer import GRPOConfig
+    from rlcore.trainer.grpo import GRPOConfig
 
     run = {k: cfg.pop(k) for k in ("model", "dataset", "prompt_column", "system_prompt")}
     args = GRPOConfig(**cfg)  # every other key is a valid GRPOConfig field with a valid value
@@ -65,7 +65,7 @@ def test_example_trains_two_steps_on_cpu(tiny_model_dir: str, gsm8k_rows, tmp_pa
 @pytest.mark.timeout(300)
 def test_example_config_through_rlcore_train(tiny_model_dir: str, gsm8k_rows, tmp_path: Path, capsys) -> None:
     """The documented command, ``rlcore train --config examples/gsm8k/config.yaml``, with CPU overrides."""
-    from rlcore.cli import main
+    from rlcore.commands.cli import main
 
     rows = tmp_path / "gsm8k_few.jsonl"
     rows.write_text("".join(json.dumps(r) + "\n" for r in gsm8k_rows[4:8]), encoding="utf-8")

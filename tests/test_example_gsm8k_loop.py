@@ -33,7 +33,7 @@ def token_spread(completion_ids: list[list[int]]) -> list[float]:
 def test_loop_example_matches_grpo_trainer(tiny_model_dir: str, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM, TrainerCallback
 
-    from rlcore.trainer import GRPOConfig, GRPOTrainer
+    from rlcore.trainer.grpo import GRPOConfig, GRPOTrainer
 
     n_gen, max_tokens, lr, seed = 8, 8, 1e-3, 1
     example = _loop_module()

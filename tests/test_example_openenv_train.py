@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from rlcore.cli import main
+from rlcore.commands.cli import main
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "openenv" / "config.yaml"
 

@@ -18,7 +18,7 @@ def rlcore_plugins() -> str:
 
 
 def test_example_config_is_valid() -> None:
-    from rlcore.trainer import GRPOConfig
+    from rlcore.trainer.grpo import GRPOConfig
 
     cfg = yaml.safe_load(EXAMPLE.read_text())
     assert cfg["dataset"].startswith("reasoning_gym:") and cfg["reward_funcs"] == ["reasoning_gym", "reasoning_gym_format"]
@@ -33,7 +33,7 @@ def test_example_config_is_valid() -> None:
 
 @pytest.mark.timeout(600)
 def test_two_step_rlcore_train_with_the_example_config(tiny_model_dir: str, tmp_path: Path, capsys) -> None:
-    from rlcore.cli import main
+    from rlcore.commands.cli import main
 
     out = tmp_path / "run"
     argv = [

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from rlcore.cli import main
+from rlcore.commands.cli import main
 
 
 def test_header_counts_and_logged_completion_steps(tmp_path: Any, capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -30,7 +30,7 @@ def test_missing_gguf_file_is_one_line(tmp_path: Any) -> None:
 
 
 def test_cli_refuses_a_missing_gguf_before_loading(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
-    from rlcore.testing.cli import fails_before_model_load
+    from rlcore.testing.cli_checks import fails_before_model_load
 
     err = fails_before_model_load(["--model", str(tmp_path / "gone.gguf"), "--max_steps", "1"], capsys, monkeypatch)
     assert "gone.gguf does not exist" in err

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import pytest
 
-from rlcore.cli import main
+from rlcore.commands.cli import main
 
 
 @pytest.fixture(scope="module")

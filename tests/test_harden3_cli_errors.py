@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from rlcore.cli import main
+from rlcore.commands.cli import main
 from rlcore.errors import ConfigError
-from rlcore.testing.cli import fails_before_model_load
+from rlcore.testing.cli_checks import fails_before_model_load
 from rlcore.training.config import GRPOConfig
 
 
@@ -43,7 +43,7 @@ def test_rlcore_train_evaluates_on_the_eval_dataset_it_is_given(tmp_path, capsys
 
 
 def test_an_eval_dataset_that_is_never_evaluated_is_said_in_the_header(capsys, tmp_path):
-    from rlcore.train_cli import build_plan
+    from rlcore.commands.train import build_plan
 
     ev = tmp_path / "eval.jsonl"
     ev.write_text('{"prompt": "What is 1 + 1?"}\n')

@@ -23,9 +23,9 @@ from typing import Any, Callable
 
 import pytest
 
-from rlcore.cli import main
+from rlcore.commands.cli import main
 
-CLI = [sys.executable, "-c", "import sys; from rlcore.cli import main; main(sys.argv[1:])"]
+CLI = [sys.executable, "-c", "import sys; from rlcore.commands.cli import main; main(sys.argv[1:])"]
 
 
 def _file_size_limit(limit: int) -> Callable[[], None]:

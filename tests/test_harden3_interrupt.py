@@ -43,7 +43,7 @@ def start(tmp_path: Path, seconds: float) -> tuple[subprocess.Popen[str], Path, 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
            "RLCORE_PLUGINS": "rl-plugin-sleepy", "SLEEPY_MARK": str(mark), "SLEEPY_SECONDS": str(seconds)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rlcore.cli", "train", "--reward", "sleepy", "--max_steps", "3", "--num_generations", "4",
+        [sys.executable, "-m", "rlcore.commands.cli", "train", "--reward", "sleepy", "--max_steps", "3", "--num_generations", "4",
          "--save_strategy", "steps", "--save_steps", "1", "--output_dir", str(out)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240

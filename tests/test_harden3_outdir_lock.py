@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 
-from rlcore.cli import main
+from rlcore.commands.cli import main
 from rlcore.errors import ConfigError
-from rlcore.tasks import digits_dataset
-from rlcore.testing.cli import fails_before_model_load
-from rlcore.trainer import GRPOConfig, GRPOTrainer
+from rlcore.data.tasks import digits_dataset
+from rlcore.testing.cli_checks import fails_before_model_load
+from rlcore.trainer.grpo import GRPOConfig, GRPOTrainer
 
-CLI = [sys.executable, "-c", "import sys; from rlcore.cli import main; main(sys.argv[1:])"]
+CLI = [sys.executable, "-c", "import sys; from rlcore.commands.cli import main; main(sys.argv[1:])"]
 
 
 def _wait_for(path: Path, proc: subprocess.Popen[str], seconds: float = 240.0) -> None:

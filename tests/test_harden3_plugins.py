@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rlcore.testing.cli import fails_before_model_load
+from rlcore.testing.cli_checks import fails_before_model_load
 from rlcore.testing.packages import write_site_plugin
 
 EXIT_PLUGIN = '''
@@ -71,7 +71,7 @@ def rlcore_run(args: list[str], site: Path, allow: str, cwd: Path, timeout: floa
     """``rlcore ARGS`` in a fresh process that has ``site`` on its path and loads ``allow``'s plugins."""
     full = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p),
                 RLCORE_PLUGINS=allow, COLUMNS="200", **env)
-    return subprocess.run([sys.executable, "-m", "rlcore.cli", *args], capture_output=True, text=True, env=full,
+    return subprocess.run([sys.executable, "-m", "rlcore.commands.cli", *args], capture_output=True, text=True, env=full,
                           cwd=cwd, timeout=timeout)
 
 
@@ -123,7 +123,7 @@ def test_a_real_ctrl_c_while_a_slow_plugin_imports_still_stops_the_command(tmp_p
     marker = tmp_path / "importing"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p),
                RLCORE_PLUGINS=dist, H3_MARKER=str(marker))
-    proc = subprocess.Popen([sys.executable, "-m", "rlcore.cli", "plugins"], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "rlcore.commands.cli", "plugins"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
     try:
         deadline = time.monotonic() + 120

@@ -16,9 +16,9 @@ import pytest
 
 from rlcore.asyncutil import run_sync
 from rlcore.errors import RewardFunctionError
-from rlcore.tasks import digits_dataset
+from rlcore.data.tasks import digits_dataset
 from rlcore.testing.packages import write_site_plugin
-from rlcore.trainer import GRPOConfig, GRPOTrainer
+from rlcore.trainer.grpo import GRPOConfig, GRPOTrainer
 from rlcore.training.metrics import append_jsonl, rollout_metrics
 from rlcore.types import Trajectory
 
@@ -168,7 +168,7 @@ def inf_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_rlcore_train_counts_an_installed_rewards_inf_samples(tmp_path: Path, inf_plugin: None, capsys: Any,
                                                               caplog: Any) -> None:
-    from rlcore.cli import main
+    from rlcore.commands.cli import main
 
     out = tmp_path / "o"
     with caplog.at_level(logging.WARNING):
@@ -182,7 +182,7 @@ def test_rlcore_train_counts_an_installed_rewards_inf_samples(tmp_path: Path, in
 
 def test_rlcore_train_stops_with_one_line_when_a_reward_is_inf_everywhere(tmp_path: Path, inf_plugin: None,
                                                                         capsys: Any) -> None:
-    from rlcore.cli import main
+    from rlcore.commands.cli import main
 
     with pytest.raises(SystemExit) as exc:
         main(["train", "--reward", "inf_all", "--max_steps", "2", "--output_dir", str(tmp_path / "o")])

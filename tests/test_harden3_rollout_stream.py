@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
-from rlcore.cli import main
+from rlcore.commands.cli import main
 
 FAST = ["--max-tokens", "2", "--no-progress"]
 
 
 def _no_model_load(monkeypatch: pytest.MonkeyPatch) -> None:
-    import rlcore.sampling.hf as hf
+    import rlcore.sampling.hf.sampler as hf
 
     def no_load(*a: Any, **k: Any) -> Any:  # fault injection: loading the model here is the bug
         raise AssertionError("the sampler loaded before --output was checked")
@@ -111,7 +111,7 @@ def test_ctrl_c_keeps_the_finished_trajectories_and_says_how_many(tmp_path: Path
     """A real SIGINT into a long run. Was: nothing written at all (the file opened only at the end)."""
     out = tmp_path / "r.jsonl"
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from rlcore.cli import main; main()", "rollout", "--limit", "0",
+        [sys.executable, "-c", "from rlcore.commands.cli import main; main()", "rollout", "--limit", "0",
          "--num-generations", "2000", "--rollout-concurrency", "4", *FAST, "-o", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:

@@ -32,7 +32,7 @@ def test_version_and_help_do_not_import_plugins(tmp_path, args):
     dist = "rlcore-h3-slow"
     site = write_site_plugin(tmp_path / "site", dist, "rlcore_h3_slow", SLOW_PLUGIN)
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "rlcore.cli", *args], capture_output=True, text=True, cwd=tmp_path,
+    result = subprocess.run([sys.executable, "-m", "rlcore.commands.cli", *args], capture_output=True, text=True, cwd=tmp_path,
                             env=_env(PYTHONPATH=os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p),
                                      RLCORE_PLUGINS=dist), timeout=60)
     assert time.monotonic() - started < 45  # the plugin's import alone takes 120 s
@@ -55,7 +55,7 @@ def _looping_model(tmp_path: Path, tiny_model_dir: str) -> Path:
 def test_rlcore_train_with_a_looping_chat_template_fails_in_one_line(tmp_path, tiny_model_dir):
     model = _looping_model(tmp_path, tiny_model_dir)
     result = subprocess.run(
-        [sys.executable, "-m", "rlcore.cli", "train", "--model", str(model), "--max_steps", "1",
+        [sys.executable, "-m", "rlcore.commands.cli", "train", "--model", str(model), "--max_steps", "1",
          "--output_dir", str(tmp_path / "out")],
         capture_output=True, text=True, cwd=tmp_path, env=_env(RLCORE_TEMPLATE_TIMEOUT="2", RLCORE_PLUGINS=""),
         timeout=400)

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from rlcore.cli import main
+from rlcore.commands.cli import main
 from rlcore.errors import ConfigError
-from rlcore.testing.cli import fails_before_model_load
+from rlcore.testing.cli_checks import fails_before_model_load
 from rlcore.training.metrics import append_jsonl
 
 
@@ -68,8 +68,8 @@ def test_overwrite_never_deletes_through_a_linked_checkpoint(finished_run: Path,
 
 
 def test_the_trainer_and_the_metrics_log_refuse_links_too(finished_run: Path, tmp_path: Path, tiny_model_dir: str) -> None:
-    from rlcore.tasks import digits_dataset
-    from rlcore.trainer import GRPOConfig, GRPOTrainer
+    from rlcore.data.tasks import digits_dataset
+    from rlcore.trainer.grpo import GRPOConfig, GRPOTrainer
 
     out = tmp_path / "D"
     shutil.copytree(finished_run, out)

@@ -19,11 +19,11 @@ from typing import Any, Callable
 
 import pytest
 
-from rlcore.cli import main
+from rlcore.commands.cli import main
 from rlcore.errors import ConfigError
-from rlcore.testing.cli import fails_before_model_load
+from rlcore.testing.cli_checks import fails_before_model_load
 
-CLI = [sys.executable, "-c", "import sys; from rlcore.cli import main; main(sys.argv[1:])"]
+CLI = [sys.executable, "-c", "import sys; from rlcore.commands.cli import main; main(sys.argv[1:])"]
 
 
 @pytest.fixture(scope="module")
@@ -116,8 +116,8 @@ def test_resume_without_optimizer_state_goes_on(finished_run: Path, tmp_path: Pa
 
 
 def test_the_python_api_validates_too(finished_run: Path, tmp_path: Path, tiny_model_dir: str) -> None:
-    from rlcore.tasks import digits_dataset
-    from rlcore.trainer import GRPOConfig, GRPOTrainer
+    from rlcore.data.tasks import digits_dataset
+    from rlcore.trainer.grpo import GRPOConfig, GRPOTrainer
 
     out = _copy(finished_run, tmp_path)
     _cut("optimizer.pt")(out / "checkpoint-4")

@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 
 from rlcore.errors import RewardFunctionError
-from rlcore.tasks import digits_dataset
-from rlcore.trainer import GRPOConfig, GRPOTrainer
+from rlcore.data.tasks import digits_dataset
+from rlcore.trainer.grpo import GRPOConfig, GRPOTrainer
 
 
 def test_a_file_where_the_plots_go_costs_neither_the_model_nor_the_run(tmp_path: Path, capsys: Any, caplog: Any) -> None:
     """Before: every step logged, then FileExistsError from write_plots in train()'s ``finally``;
     model.safetensors, config.json and the tokenizer were never written."""
-    from rlcore.cli import main
+    from rlcore.commands.cli import main
 
     out = tmp_path / "D"
     out.mkdir()

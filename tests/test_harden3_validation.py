@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from rlcore.cli import main
+from rlcore.commands.cli import main
 from rlcore.errors import ConfigError, DatasetError
-from rlcore.testing.cli import fails_before_model_load
-from rlcore.training.prompts import check_columns
+from rlcore.testing.cli_checks import fails_before_model_load
+from rlcore.data.cursor import check_columns
 
 
 # --- scheduler_options ---------------------------------------------------------------------------------
@@ -22,7 +22,7 @@ def test_an_unknown_scheduler_options_key_is_one_line_listing_what_the_scheduler
 
 
 def test_known_scheduler_options_still_reach_the_scheduler(tmp_path):
-    from rlcore.train_cli import build_plan
+    from rlcore.commands.train import build_plan
 
     plan = build_plan(["--scheduler", "multi_turn", "--scheduler_options", '{"max_total_tokens": 64}',
                        "--output_dir", str(tmp_path / "o")])

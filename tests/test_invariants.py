@@ -93,7 +93,7 @@ async def test_a_backend_without_logprobs_is_allowed_but_strict_mode_flags_it(to
 def run_cli(args: list[str]) -> Any:
     from click.testing import CliRunner
 
-    from rlcore.cli import _load_commands, cli
+    from rlcore.commands.cli import _load_commands, cli
 
     _load_commands()
     return CliRunner().invoke(cli, args)
@@ -128,7 +128,7 @@ def test_rollout_checks_and_takes_scheduler_options(tmp_path: Path) -> None:
 def test_the_trainer_checks_every_batch(tmp_path: Path, tiny_model_dir: str) -> None:
     """A scheduler that trains its sampled eos mid-message (ms-swift's MathTips pattern): the
     trainer's batch check fails those trajectories (masked out of the loss) and counts them."""
-    from rlcore.trainer import GRPOConfig, GRPOTrainer
+    from rlcore.trainer.grpo import GRPOConfig, GRPOTrainer
 
     class KeepsEos(MultiTurnScheduler):
         def step(self, infer_request, response_choice, current_turn):
@@ -177,7 +177,7 @@ async def test_a_prepended_system_message_is_in_the_prompt_tokens(tok: Any) -> N
 
 
 async def test_a_suffix_prompt_is_sound_only_when_rlcore_truncated_it(tok: Any) -> None:
-    from rlcore.training.prompts import make_prompt
+    from rlcore.data.cursor import make_prompt
 
     (t,) = [copy.deepcopy(x) for x in (await sound(tok))[:1]]
     t.messages.insert(0, {"role": "system", "content": "Answer in one word."})  # the tokens never had it
@@ -198,7 +198,7 @@ async def test_a_truncated_standard_prompt_keeps_its_tokens(tok: Any) -> None:
     # TRL's standard prompt (plain text, no chat template) cut to max_prompt_length: it used to be
     # re-encoded with the chat template before the first turn, whole, so the model sampled from a
     # prompt neither TRL nor max_prompt_length would give it
-    from rlcore.training.prompts import make_prompt
+    from rlcore.data.cursor import make_prompt
 
     row = {"prompt": "what is 2 + 2 and then what is 3 + 3 and then 4 + 4?"}
     full = make_prompt(row, tok, has_prompt=True)

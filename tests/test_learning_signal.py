@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import pytest
 
-from rlcore.cli import main
+from rlcore.commands.cli import main
 from rlcore.training.diagnosis import diagnose
 
 

@@ -14,7 +14,7 @@ from rlcore import SamplingParams
 from rlcore.algorithms.advantages import GRPOAdvantage, grpo_advantages
 from rlcore.errors import ConfigError
 from rlcore.loop import MultiTurnRollout, Policy, Rewards, Rollout, make_prompts, sample, sync_weights
-from rlcore.tasks import digits_dataset
+from rlcore.data.tasks import digits_dataset
 
 
 def _hf(model: Any, tok: Any = None, seed: int = 0) -> Any:

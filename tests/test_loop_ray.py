@@ -13,7 +13,7 @@ from rlcore.errors import ConfigError  # noqa: E402
 from rlcore.distributed import DeviceGroup, RemotePolicy, initialize, make_sampler, shutdown  # noqa: E402
 from rlcore.loop import Policy, Rewards, Rollout, make_prompts, pack, sync_weights  # noqa: E402
 from rlcore.algorithms.advantages import GRPOAdvantage  # noqa: E402
-from rlcore.tasks import digits_dataset  # noqa: E402
+from rlcore.data.tasks import digits_dataset  # noqa: E402
 
 
 def _gap(policy, trajs) -> float:

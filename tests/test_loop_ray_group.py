@@ -17,7 +17,7 @@ from rlcore.distributed import (  # noqa: E402
     DeviceGroup, RemotePolicy, WorkerFailedError, initialize, make_sampler, shutdown,
 )
 from rlcore.loop import Policy, Rollout, make_prompts, pack, sample, sync_weights  # noqa: E402
-from rlcore.tasks import digits_dataset  # noqa: E402
+from rlcore.data.tasks import digits_dataset  # noqa: E402
 
 # AdamW divides by sqrt(v) + eps: a large eps keeps float rounding in near-zero gradients (which the
 # all-reduce adds in another order) from growing into a full step, so weights can agree to 1e-6

@@ -204,7 +204,7 @@ def test_opd_settings_without_a_teacher_or_a_use_are_one_line(kw: dict[str, Any]
 
 
 def test_a_teacher_with_another_vocabulary_is_one_line(tiny_model_dir: str, tmp_path: Path, capsys: Any) -> None:
-    from rlcore.cli import main
+    from rlcore.commands.cli import main
 
     other = _teacher_dir(tiny_model_dir, tmp_path / "wide", vocab=2048)
     rows = tmp_path / "rows.jsonl"

@@ -8,7 +8,7 @@ import asyncio
 import httpx
 
 from rlcore import SamplingParams
-from rlcore.sampling.hf import HFSampler
+from rlcore.sampling.hf.sampler import HFSampler
 from rlcore.testing.openai_server import OpenAICompatServer
 
 

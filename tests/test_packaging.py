@@ -101,7 +101,7 @@ def test_rlcore_wheel_holds_every_file_under_core(wheels: dict[str, zipfile.ZipF
 
 def test_rlcore_wheel_entry_points_name_modules_it_holds(wheels: dict[str, zipfile.ZipFile]) -> None:
     eps, payload = _entry_points(wheels["."]), _payload(wheels["."])
-    assert eps["console_scripts"]["rlcore"] == "rlcore.cli:main"
+    assert eps["console_scripts"]["rlcore"] == "rlcore.commands.cli:main"
     assert "rlcore.testing.pytest_plugin" in eps["pytest11"]  # plugin packages' own tests use it after a plain install
     for group in eps.sections():
         for name, target in eps[group].items():
@@ -142,7 +142,7 @@ def _from_wheel(site: Path, args: list[str], cwd: Path) -> subprocess.CompletedP
 def test_docgen_from_an_installed_rlcore_reads_the_checkout_it_runs_in(site: Path) -> None:
     """Installed, rlcore/docgen.py sits in site-packages: the docs and plugins it documents are the
     checkout's (found from the current directory), never folders beside site-packages."""
-    code = "import json, rlcore, rlcore.docgen as d; print(json.dumps([rlcore.__file__, d.repository_plugins()]))"
+    code = "import json, rlcore, rlcore.commands.docgen as d; print(json.dumps([rlcore.__file__, d.repository_plugins()]))"
     proc = _from_wheel(site, ["-c", code], REPO)
     assert proc.returncode == 0, proc.stderr
     where, plugins = json.loads(proc.stdout)
@@ -152,6 +152,6 @@ def test_docgen_from_an_installed_rlcore_reads_the_checkout_it_runs_in(site: Pat
 
 
 def test_docgen_outside_a_checkout_says_so_in_one_line(site: Path, tmp_path: Path) -> None:
-    proc = _from_wheel(site, ["-m", "rlcore.docgen", "--check"], tmp_path)
+    proc = _from_wheel(site, ["-m", "rlcore.commands.docgen", "--check"], tmp_path)
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
     assert "not inside" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

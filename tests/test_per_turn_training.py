@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from rlcore.chat_template import set_multi_turn_mode
-from rlcore.cli import main
+from rlcore.commands.cli import main
 from rlcore.rollout import check_batch, encode_prompt, run_rollouts
 from rlcore.testing.multi_turn import AskAgain, DigitRounds
 from rlcore.testing.packages import load_in_process

@@ -42,7 +42,7 @@ raise ImportError("this plugin needs libfoo; pip install libfoo")
 def _plugins_json(allow: str) -> list[dict]:
     env = dict(os.environ, RLCORE_PLUGINS=allow)
     out = subprocess.run(
-        [sys.executable, "-m", "rlcore.cli", "plugins", "--json"], capture_output=True, text=True, env=env, check=True
+        [sys.executable, "-m", "rlcore.commands.cli", "plugins", "--json"], capture_output=True, text=True, env=env, check=True
     )
     return json.loads(out.stdout)
 
@@ -91,7 +91,7 @@ def test_plugin_whose_import_raises_is_shown_with_its_error(tmp_path, monkeypatc
 
         # the table form still works with a broken plugin installed
         env = dict(os.environ, RLCORE_PLUGINS=f"{good_dist},{bad_dist}", COLUMNS="200")
-        table = subprocess.run([sys.executable, "-m", "rlcore.cli", "plugins"], capture_output=True, text=True, env=env)
+        table = subprocess.run([sys.executable, "-m", "rlcore.commands.cli", "plugins"], capture_output=True, text=True, env=env)
         assert table.returncode == 0 and bad_dist in table.stdout and "libfoo" in table.stdout
 
         # asking for a name nobody registered points at the broken plugin and its one-line error
@@ -139,7 +139,7 @@ def test_duplicate_names_first_keeps_it_both_load_and_an_explicit_setting_picks(
         # the table shows the clash too
         env = dict(os.environ, RLCORE_PLUGINS=f"{a},{b}", COLUMNS="250")
         env.pop("RLCORE_PREFER", None)
-        table = subprocess.run([sys.executable, "-m", "rlcore.cli", "plugins"], capture_output=True, text=True, env=env)
+        table = subprocess.run([sys.executable, "-m", "rlcore.commands.cli", "plugins"], capture_output=True, text=True, env=env)
         assert table.returncode == 0 and "clash" in table.stdout
     monkeypatch.delenv("RLCORE_PREFER")
     rlcore.reload_plugins()

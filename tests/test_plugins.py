@@ -170,7 +170,7 @@ async def test_run_hooks_components_observers_and_first_result():
 
 
 def test_rlcore_plugins_json_lists_builtins(capsys):
-    from rlcore.cli import main
+    from rlcore.commands.cli import main
 
     main(["plugins", "--json", "--all"])
     data = json.loads(capsys.readouterr().out)
@@ -184,7 +184,7 @@ def test_rlcore_plugins_json_lists_builtins(capsys):
 
 
 def test_user_errors_print_one_line_and_exit_2(capsys):
-    from rlcore.cli import main
+    from rlcore.commands.cli import main
 
     with pytest.raises(SystemExit) as exc:
         main(["components", "widget"])
@@ -222,7 +222,7 @@ def test_rlcore_plugins_naming_a_distribution_that_is_not_installed_is_shown():
 
 def test_components_shows_option_types_as_a_user_reads_them(capsys):
     """`rlcore components KIND NAME` printed Python's "(NoneType, str, default None)"."""
-    from rlcore.cli import main
+    from rlcore.commands.cli import main
 
     main(["components", "scheduler", "multi_turn"])
     out = capsys.readouterr().out

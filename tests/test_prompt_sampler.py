@@ -14,9 +14,9 @@ torch = pytest.importorskip("torch")
 
 import rlcore  # noqa: E402
 from rlcore.testing.spread import by_row, easy_and_hard_rows  # noqa: E402
-from rlcore.testing.cli import fails_before_model_load  # noqa: E402
+from rlcore.testing.cli_checks import fails_before_model_load  # noqa: E402
 from rlcore.training.prompt_sampler import DifficultyPromptSampler  # noqa: E402
-from rlcore.training.prompts import PromptCursor  # noqa: E402
+from rlcore.data.cursor import PromptCursor  # noqa: E402
 
 
 def rows(n_easy: int = 3, n_hard: int = 3) -> list[dict[str, Any]]:
@@ -30,7 +30,7 @@ def _args(out: str, **over: Any) -> Any:
 
 
 def trainer(out: str, **over: Any) -> Any:
-    from rlcore.demo import tiny_model_path
+    from rlcore.data.demo import tiny_model_path
 
     t = rlcore.GRPOTrainer(tiny_model_path(), reward_funcs=[by_row], args=_args(out, **over), train_dataset=rows())
     t.drawn = []
@@ -48,7 +48,7 @@ def trainer(out: str, **over: Any) -> Any:
 def test_components_lists_the_kind(capsys: Any) -> None:
     from click.testing import CliRunner
 
-    from rlcore.cli import _load_commands, cli
+    from rlcore.commands.cli import _load_commands, cli
 
     _load_commands()
     res = CliRunner().invoke(cli, ["components", "prompt_sampler"])
@@ -131,7 +131,7 @@ def test_bad_prompt_sampler_is_one_line_before_the_model_loads(argv: list[str], 
 
 
 def test_difficulty_options_are_flags(tmp_path: Any) -> None:
-    from rlcore.train_cli import build_plan
+    from rlcore.commands.train import build_plan
 
     plan = build_plan(["--prompt-sampler", "difficulty", "--window", "3", "--mode", "downweight",
                        "--output_dir", str(tmp_path / "t")])

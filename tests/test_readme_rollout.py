@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from rlcore.cli import main
+from rlcore.commands.cli import main
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

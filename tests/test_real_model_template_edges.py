@@ -24,7 +24,7 @@ from rlcore.chat_template import decode, encode_prompt, render
 from rlcore.rollout import MultiTurnScheduler, check_batch, run_rollouts
 from rlcore.testing import ScriptedSampler, assert_token_exact
 from rlcore.testing.multi_turn import RecordingSampler, assert_observations_are_template_deltas, assert_sampled_tokens_kept
-from rlcore.training.prompts import make_prompt
+from rlcore.data.cursor import make_prompt
 from rlcore.types import Batch, Prompt, SamplingParams
 
 SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"

@@ -69,7 +69,7 @@ def grpo_run(smollm2_dir: str, gsm8k_rows: list[dict[str, Any]], math_plugins: A
     template injects its own), rewards gsm8k_accuracy + gsm8k_format + token_spread."""
     from transformers import AutoModelForCausalLM
 
-    from rlcore.trainer import GRPOConfig, GRPOTrainer
+    from rlcore.trainer.grpo import GRPOConfig, GRPOTrainer
 
     losses: list[float] = []
 

@@ -15,8 +15,8 @@ from transformers import TrainerCallback
 
 import rlcore.training.checkpoint as ckpt
 from rlcore.errors import ConfigError, DatasetError
-from rlcore.tasks import digits_dataset
-from rlcore.trainer import GRPOConfig, GRPOTrainer
+from rlcore.data.tasks import digits_dataset
+from rlcore.trainer.grpo import GRPOConfig, GRPOTrainer
 from rlcore.training.metrics import append_jsonl, read_jsonl, truncate_jsonl
 
 KEYS = ("step", "reward", "loss", "completion_length", "entropy", "grad_norm", "learning_rate")

@@ -23,8 +23,8 @@ def _args(out: str, **over: Any) -> Any:
 
 
 def test_trainer_rewards_get_step_progress_and_trainer_state(tmp_path: Any) -> None:
-    from rlcore.demo import tiny_model_path
-    from rlcore.tasks import digits_dataset
+    from rlcore.data.demo import tiny_model_path
+    from rlcore.data.tasks import digits_dataset
 
     seen: dict[str, list[Any]] = {"fn": [], "cls": [], "trl": [], "state": []}
 
@@ -85,7 +85,7 @@ def test_loop_rewards_take_step_and_max_steps() -> None:
 def test_train_cli_and_rollout_cli_pass_step(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from click.testing import CliRunner
 
-    from rlcore.cli import _load_commands, cli
+    from rlcore.commands.cli import _load_commands, cli
     from rlcore.testing.packages import load_in_process
 
     steps: list[tuple[int, float]] = []

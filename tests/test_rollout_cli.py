@@ -16,7 +16,7 @@ from rlcore.rollout.options import convert, factory_parameters, parse_flags, plu
 def run_cli(args: list[str]) -> Any:
     from click.testing import CliRunner
 
-    from rlcore.cli import _load_commands, cli
+    from rlcore.commands.cli import _load_commands, cli
 
     _load_commands()
     return CliRunner().invoke(cli, args)
@@ -104,8 +104,8 @@ def test_plugin_options_mapping() -> None:
 def test_bad_numbers_are_one_line_before_anything_loads(flags: list[str], needle: str, tmp_path: Path,
                                                         capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 14: these wrote 0 trajectories, or failed every one, and exited 0."""
-    from rlcore.cli import main
-    import rlcore.sampling.hf as hf
+    from rlcore.commands.cli import main
+    import rlcore.sampling.hf.sampler as hf
 
     def no_load(*a: Any, **k: Any) -> Any:  # fault injection: loading a sampler here is the bug
         raise AssertionError("the sampler loaded before the options were checked")
@@ -120,7 +120,7 @@ def test_bad_numbers_are_one_line_before_anything_loads(flags: list[str], needle
 
 
 def test_nothing_succeeded_exits_non_zero_and_keeps_the_file(tmp_path: Path, capsys: Any) -> None:
-    from rlcore.cli import main
+    from rlcore.commands.cli import main
 
     out = tmp_path / "r.jsonl"
     with pytest.raises(SystemExit) as exc:  # a deadline no trajectory can meet: every one fails
@@ -132,7 +132,7 @@ def test_nothing_succeeded_exits_non_zero_and_keeps_the_file(tmp_path: Path, cap
 
 
 def test_check_rollouts_names_a_model_path_that_does_not_exist(tmp_path: Path, capsys: Any) -> None:
-    from rlcore.cli import main
+    from rlcore.commands.cli import main
 
     rollouts = tmp_path / "r.jsonl"
     rollouts.write_text("")
@@ -146,8 +146,8 @@ def test_check_rollouts_names_a_model_path_that_does_not_exist(tmp_path: Path, c
 def test_a_dataset_without_a_prompt_column_is_one_line_before_the_sampler_loads(
         tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """As in `rlcore train`: the rows are checked first (the model loaded, then the error came)."""
-    from rlcore.cli import main
-    import rlcore.sampling.hf as hf
+    from rlcore.commands.cli import main
+    import rlcore.sampling.hf.sampler as hf
 
     def no_load(*a: Any, **k: Any) -> Any:  # fault injection: loading a sampler here is the bug
         raise AssertionError("the sampler loaded before the dataset was checked")
@@ -166,8 +166,8 @@ def test_a_model_directory_without_tokenizer_files_is_one_line(tmp_path: Path, c
     """transformers builds a tokenizer with an empty vocabulary for it; rollouts were then garbage."""
     import shutil
 
-    from rlcore.cli import main
-    from rlcore.demo import tiny_model_path
+    from rlcore.commands.cli import main
+    from rlcore.data.demo import tiny_model_path
 
     model = tmp_path / "weights_only"
     model.mkdir()
@@ -186,7 +186,7 @@ def test_an_hf_sampler_built_directly_refuses_a_directory_without_tokenizer_file
     import shutil
 
     import rlcore
-    from rlcore.demo import tiny_model_path
+    from rlcore.data.demo import tiny_model_path
 
     model = tmp_path / "weights_only"
     model.mkdir()

@@ -32,7 +32,7 @@ class UserThenTip(MultiTurnScheduler):
 
 @pytest.fixture(scope="module")
 def sampler(tiny_model_dir: str) -> Any:
-    from rlcore.sampling.hf import HFSampler
+    from rlcore.sampling.hf.sampler import HFSampler
 
     return HFSampler(tiny_model_dir, seed=0, dtype=torch.float32)
 

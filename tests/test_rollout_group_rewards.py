@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from rlcore.cli import main
+from rlcore.commands.cli import main
 from rlcore.testing.packages import load_in_process
 
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from rlcore.errors import ConfigError, RlcoreError, RunFailedError
-from rlcore.tasks import digits_dataset
-from rlcore.trainer import GRPOConfig, GRPOTrainer
+from rlcore.data.tasks import digits_dataset
+from rlcore.trainer.grpo import GRPOConfig, GRPOTrainer
 from rlcore.training.health import RunHealth
 from rlcore.training.metrics import rollout_metrics
 from rlcore.types import Trajectory
@@ -85,7 +85,7 @@ def test_a_reward_that_raises_on_every_sample_stops_the_run(tmp_path: Any, tiny_
 
 
 def test_the_cli_exits_non_zero_with_one_line(tmp_path: Any, capsys: Any) -> None:
-    from rlcore.cli import main
+    from rlcore.commands.cli import main
 
     with pytest.raises(SystemExit) as exc:
         main(["train", "--rollout_timeout", "0.000001", "--max_steps", "6", "--output_dir", str(tmp_path / "o"),
@@ -148,7 +148,7 @@ def test_the_cli_shows_where_a_reward_raised_before_its_one_line(tmp_path: Any, 
     import sys
     import types
 
-    from rlcore.cli import main
+    from rlcore.commands.cli import main
     from rlcore.testing.packages import load_in_process
 
     def fragile_reward_t(completions: list[str]) -> list[float]:
@@ -175,7 +175,7 @@ def test_the_cli_shows_where_a_reward_raised_before_its_one_line(tmp_path: Any, 
 def test_the_progress_bar_shows_what_the_model_sampled(logs: dict, shown: str) -> None:
     from transformers import TrainerState
 
-    from rlcore.training.progress import RichProgressCallback
+    from rlcore.training.step_progress import RichProgressCallback
 
     bar, state = RichProgressCallback(), TrainerState(max_steps=3)
     bar.on_train_begin(None, state, None)

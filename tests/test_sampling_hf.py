@@ -16,7 +16,7 @@ import torch
 import rlcore
 from rlcore import SamplerError, SamplingParams
 from rlcore.sampling.batcher import MicroBatcher
-from rlcore.sampling.hf import HFSampler
+from rlcore.sampling.hf.sampler import HFSampler
 from rlcore.testing import recompute_logprobs  # what a trainer does: one plain forward, logits / temperature
 
 

@@ -1,4 +1,4 @@
-"""The static path's fused decode forward (:mod:`rlcore.sampling.hf_fused`) against the models' own
+"""The static path's fused decode forward (:mod:`rlcore.sampling.hf.fused`) against the models' own
 forward: every family it claims (qwen2, qwen3, llama with biases and scaled RoPE, mistral), rows of
 different lengths, bf16, accelerate-style autocast, and the models it must leave alone.
 
@@ -16,9 +16,16 @@ import pytest
 import torch
 
 from rlcore import SamplingParams
-from rlcore.sampling.hf import HFSampler
-from rlcore.sampling.hf_fused import FusedDecode, forward_autocast, pack_groups, rotate_half_matrix, rotation, unsupported
-from rlcore.sampling.hf_static import _layer_kv
+from rlcore.sampling.hf.sampler import HFSampler
+from rlcore.sampling.hf.fused import (
+    FusedDecode,
+    forward_autocast,
+    pack_groups,
+    rotate_half_matrix,
+    rotation,
+    unsupported,
+)
+from rlcore.sampling.hf.static import _layer_kv
 from rlcore.testing import recompute_logprobs
 
 
@@ -32,7 +39,7 @@ def tok(tiny_model_dir: str):
 def build(arch: str, vocab: int, dtype: torch.dtype = torch.float32):
     """A small random model of ``arch`` (built offline), in eval mode."""
     import transformers
-    from rlcore.demo import tiny_model_path
+    from rlcore.data.demo import tiny_model_path
 
     if arch in ("qwen2", "qwen3"):
         return transformers.AutoModelForCausalLM.from_pretrained(tiny_model_path(arch=arch), dtype=dtype).eval()
@@ -108,7 +115,7 @@ def test_fused_step_equals_the_models_forward(arch: str, pack: bool | None, tok)
 def test_packed_projections_follow_the_weights_batch_by_batch(tiny_model_dir: str, tok) -> None:
     """The packed copies are refreshed before every batch, also after writes through ``.data`` (which
     leave no trace in a parameter's version counter); the budget decides when to pack."""
-    from rlcore.sampling import hf_fused
+    from rlcore.sampling.hf import fused as hf_fused
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
@@ -320,7 +327,7 @@ async def test_a_fused_step_that_fails_its_self_check_is_not_used(fault: str, ti
     transformers version whose internals differ must cost speed, not correctness): faults injected."""
     import logging
 
-    from rlcore.sampling import hf_fused
+    from rlcore.sampling.hf import fused as hf_fused
     from transformers import AutoModelForCausalLM
 
     if fault == "wrong_rope":  # a rotary embedding that silently forgot the sine term
@@ -334,7 +341,7 @@ async def test_a_fused_step_that_fails_its_self_check_is_not_used(fault: str, ti
     prompts = prompts_for(tok)
     params = [SamplingParams(max_tokens=5, seed=i, stop_token_ids=[-1]) for i in range(len(prompts))]
     sampler = HFSampler(model, tok, decode="static", batch_window_ms=30)
-    with caplog.at_level(logging.WARNING, logger="rlcore.sampling.hf_static"):
+    with caplog.at_level(logging.WARNING, logger="rlcore.sampling.hf.static"):
         outs = await _run(sampler, prompts, params)
     assert {c.meta["forward"] for c in outs} == {"model"}
     assert sampler._engine.fused_why.startswith("self-check: ")

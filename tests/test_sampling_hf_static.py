@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from rlcore import ConfigError, SamplingParams
-from rlcore.sampling.hf import HFSampler
-from rlcore.sampling.hf_static import LEN_ALIGN, bucket, static_eligible
+from rlcore.sampling.hf.sampler import HFSampler
+from rlcore.sampling.hf.static import LEN_ALIGN, bucket, static_eligible
 from rlcore.sampling.processing import counter_uniforms, seed_words
 from rlcore.testing import recompute_logprobs as recompute
 
@@ -79,7 +79,7 @@ async def test_static_path_matches_dynamic_loop_and_trainer(model, tok, prompts)
 @pytest.mark.parametrize("fused", [True, False])
 async def test_steps_attend_only_the_columns_their_rows_hold(model, tok, prompts, fused: bool, monkeypatch) -> None:
     # column buckets of 8, 16, 32 …: the rows cross several while they decode, rows join and leave
-    from rlcore.sampling import hf_static
+    from rlcore.sampling.hf import static as hf_static
 
     monkeypatch.setattr(hf_static, "COL_MIN", 8)
     # the longest prompt leaves early (its columns are no longer read), a short one runs long (64 → 32 → 128)

@@ -10,7 +10,7 @@ import torch
 
 import rlcore
 from rlcore import SamplerError, SamplingParams
-from rlcore.sampling.hf import HFSampler
+from rlcore.sampling.hf.sampler import HFSampler
 from rlcore.sampling.openai import OpenAISampler
 from rlcore.testing.openai_server import OpenAICompatServer
 

@@ -15,7 +15,7 @@ import torch
 
 import rlcore
 from rlcore import MissingDependencyError, SamplingParams
-from rlcore.sampling.vllm import (
+from rlcore.sampling.vllm.engine import (
     INSTALL_HINT,
     WORKER_EXTENSION,
     VLLMSampler,
@@ -23,7 +23,7 @@ from rlcore.sampling.vllm import (
     request_output_to_completions,
     sampling_kwargs,
 )
-from rlcore.sampling.vllm_worker import WeightSyncExtension, read_weights, write_weights
+from rlcore.sampling.vllm.worker import WeightSyncExtension, read_weights, write_weights
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -37,7 +37,7 @@ def test_engine_kwargs_carry_seed_001_args_and_the_worker_extension() -> None:
                        engine_args={"enforce_eager": True, "seed": 7})
     assert kw["model"] == "/m" and kw["gpu_memory_utilization"] == 0.4 and kw["max_model_len"] == 2048
     assert kw["tensor_parallel_size"] == 2 and kw["enable_sleep_mode"] is True
-    assert kw["worker_extension_cls"] == WORKER_EXTENSION == "rlcore.sampling.vllm_worker.WeightSyncExtension"
+    assert kw["worker_extension_cls"] == WORKER_EXTENSION == "rlcore.sampling.vllm.worker.WeightSyncExtension"
     assert kw["enforce_eager"] is True and kw["seed"] == 7  # passthrough wins
     assert kw["logprobs_mode"] == "processed_logprobs"
     assert "max_model_len" not in engine_kwargs("/m") and "logprobs_mode" not in engine_kwargs("/m", logprobs_mode=None)

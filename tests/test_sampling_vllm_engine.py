@@ -19,9 +19,9 @@ import torch
 
 from rlcore import SamplerError, SamplingParams
 from rlcore.algorithms.logprobs import naive_logprobs
-from rlcore.sampling.vllm import VLLMSampler, engine_kwargs
-from rlcore.sampling.vllm_support import PROCESSED, RAW, logprob_mismatch
-from rlcore.sampling.vllm_worker import WeightSyncExtension, write_weights
+from rlcore.sampling.vllm.engine import VLLMSampler, engine_kwargs
+from rlcore.sampling.vllm.support import PROCESSED, RAW, logprob_mismatch
+from rlcore.sampling.vllm.worker import WeightSyncExtension, write_weights
 
 
 @pytest.fixture

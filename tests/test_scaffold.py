@@ -14,7 +14,7 @@ import pytest
 
 from rlcore import ConfigError
 from rlcore.hookspecs import KIND_OF_HOOK
-from rlcore.scaffold import SCAFFOLD_KINDS, new_plugin, template_values
+from rlcore.commands.scaffold import SCAFFOLD_KINDS, new_plugin, template_values
 from rlcore.testing.packages import pip
 
 HOOK_OF_KIND = {kind: hook for hook, kind in KIND_OF_HOOK.items()}
@@ -22,7 +22,7 @@ HOOK_OF_KIND = {kind: hook for hook, kind in KIND_OF_HOOK.items()}
 
 def _rlcore(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "rlcore.cli", *args],
+        [sys.executable, "-m", "rlcore.commands.cli", *args],
         capture_output=True, text=True, env={**os.environ, **(env or {})}, cwd=cwd, timeout=300,
     )
 
@@ -127,7 +127,7 @@ def test_generated_plugins_install_list_and_pass_their_tests(tmp_path):
         # step that uses five of them together (the env one needs an env scheduler)
         out = tmp_path / "run"
         train = subprocess.Popen(
-            [sys.executable, "-m", "rlcore.cli", "train", "--scheduler", names["scheduler"], "--loss-type", names["loss"],
+            [sys.executable, "-m", "rlcore.commands.cli", "train", "--scheduler", names["scheduler"], "--loss-type", names["loss"],
              "--advantage", names["advantage"], "--sampler", names["sampler"], "--reward", names["reward"],
              "--reward", "digits", "--max-steps", "1", "--num-generations", "2", "--per-device-train-batch-size", "4",
              "--max-completion-length", "8", "--output-dir", str(out), "--plots", "false"],

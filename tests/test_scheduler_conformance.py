@@ -96,7 +96,7 @@ def scripted(tok: Any, texts: list[str], **kw: Any) -> Recording:
 
 @pytest.fixture(scope="module")
 def hf_sampler(tiny_model_dir: str):
-    from rlcore.sampling.hf import HFSampler
+    from rlcore.sampling.hf.sampler import HFSampler
 
     s = HFSampler(tiny_model_dir, batch_window_ms=5, seed=0)
     yield s

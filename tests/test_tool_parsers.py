@@ -20,7 +20,7 @@ from rlcore.rollout import ToolManager, ToolScheduler, auto_tool_parser, make_to
 from rlcore.rollout.tool_parsers import trl_template_dir
 from rlcore.rollout.tools import calculator
 from rlcore.testing import ScriptedSampler
-from rlcore.testing.cli import fails_before_model_load
+from rlcore.testing.cli_checks import fails_before_model_load
 from rlcore.testing.packages import write_site_plugin
 from rlcore.types import Completion, SamplingParams, Trajectory
 
@@ -378,7 +378,7 @@ def test_rlcore_rollout_refuses_an_unknown_tool_parser_before_the_model_loads(ca
                                                                                tmp_path: Path) -> None:
     import transformers
 
-    from rlcore.cli import main
+    from rlcore.commands.cli import main
 
     def no_load(*a: Any, **k: Any) -> Any:  # fault injection: loading a model here is the bug
         raise AssertionError("a model was loaded before the options were checked")
@@ -433,7 +433,7 @@ def bracket_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 async def test_a_plugin_registers_its_own_tool_parser(bracket_plugin: None, tiny_tokenizer: Any, capsys: Any) -> None:
-    from rlcore.cli import main
+    from rlcore.commands.cli import main
 
     main(["components", "tool_parser"])
     assert capsys.readouterr().out.strip().startswith(

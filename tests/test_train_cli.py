@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from rlcore.cli import main
-from rlcore.testing.cli import fails_before_model_load
-from rlcore.train_cli import build_plan
+from rlcore.commands.cli import main
+from rlcore.testing.cli_checks import fails_before_model_load
+from rlcore.commands.train import build_plan
 import rlcore.errors as rlcore_errors
 
 
@@ -152,7 +152,7 @@ def test_a_model_that_cannot_load_is_one_line(tmp_path: Any, capsys: Any, monkey
     run on an empty vocabulary)."""
     import shutil
 
-    from rlcore.demo import tiny_model_path
+    from rlcore.data.demo import tiny_model_path
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "not_a_model").mkdir()
@@ -215,7 +215,7 @@ def test_reward_weights_as_name_equals_weight_like_rollout(tmp_path: Any) -> Non
 
 def test_an_interrupted_run_says_how_to_resume(tmp_path: Any) -> None:
     """Ctrl-C printed the summary and exit 130, but not how to continue (or that nothing can be)."""
-    from rlcore.train_cli import resume_hint
+    from rlcore.commands.train import resume_hint
 
     run = tmp_path / "run"
     assert "no checkpoint was written" in resume_hint(str(run)) and "--save-steps" in resume_hint(str(run))
@@ -255,8 +255,8 @@ def test_a_lora_runs_output_trains_further_as_a_model(tmp_path: Any) -> None:
     from safetensors.torch import load_file
 
     from rlcore import ConfigError, GRPOConfig, GRPOTrainer
-    from rlcore.demo import tiny_model_path
-    from rlcore.tasks import digits_dataset
+    from rlcore.data.demo import tiny_model_path
+    from rlcore.data.tasks import digits_dataset
 
     def args(out: str, **over: Any) -> Any:
         return GRPOConfig(output_dir=out, reward_funcs=["digits"], num_generations=2, per_device_train_batch_size=4,

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from rlcore.cli import main
-from rlcore.train_cli import build_plan
+from rlcore.commands.cli import main
+from rlcore.commands.train import build_plan
 
 
 @pytest.fixture

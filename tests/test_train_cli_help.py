@@ -7,8 +7,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rlcore.cli import main
-from rlcore.train_cli import HELP_GROUPS, SCRIPT_FLAGS
+from rlcore.commands.cli import main
+from rlcore.commands.train import HELP_GROUPS, SCRIPT_FLAGS
 from rlcore.training.config import GRPOConfig
 
 

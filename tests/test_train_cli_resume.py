@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from rlcore.cli import main
-from rlcore.testing.cli import fails_before_model_load
-from rlcore.train_cli import build_plan
+from rlcore.commands.cli import main
+from rlcore.testing.cli_checks import fails_before_model_load
+from rlcore.commands.train import build_plan
 
 
 def test_save_settings_without_a_strategy_save_by_steps(tmp_path: Any) -> None:
@@ -53,7 +53,7 @@ def test_a_missing_checkpoint_is_one_line_and_leaves_nothing_behind(
 
 def test_the_python_api_checks_the_checkpoint_before_writing(tmp_path: Any, tiny_model_dir: str) -> None:
     from rlcore import ConfigError, GRPOConfig, GRPOTrainer
-    from rlcore.tasks import digits_dataset
+    from rlcore.data.tasks import digits_dataset
 
     args = GRPOConfig(output_dir=str(tmp_path / "new"), reward_funcs=["digits"], num_generations=2,
                       per_device_train_batch_size=4, max_completion_length=4, max_steps=1, report_to="none",

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from rlcore.rollout import RolloutScheduler
-from rlcore.tasks import digits_dataset
-from rlcore.trainer import GRPOConfig, GRPOTrainer
+from rlcore.data.tasks import digits_dataset
+from rlcore.trainer.grpo import GRPOConfig, GRPOTrainer
 from rlcore.types import Trajectory
 
 REQUIRED_METRICS = [
@@ -77,7 +77,7 @@ def test_every_loss_trains(tmp_path: Any, tiny_model_dir: str, loss_type: str) -
 
 
 def test_lora_trains_adapters_and_merges_for_a_separate_sampler(tmp_path: Any, tiny_model_dir: str) -> None:
-    from rlcore.sampling.hf import HFSampler
+    from rlcore.sampling.hf.sampler import HFSampler
 
     separate = HFSampler(tiny_model_dir, seed=0, dtype="float32")  # the trainer's precision (CUDA's default is bf16)
     args = config(tmp_path, use_peft=True, lora_r=4, lora_alpha=8, lora_dropout=0.0, learning_rate=2e-2, max_steps=2)
@@ -230,7 +230,7 @@ def test_reward_errors_are_logged_per_reward(tmp_path: Any, tiny_model_dir: str,
     flaky.__name__ = "flaky"
     args = config(tmp_path, reward_funcs=["digits"], max_steps=2)
     trainer = GRPOTrainer(tiny_model_dir, args=args, train_dataset=digits_dataset(16), reward_funcs=[flaky])
-    with caplog.at_level("WARNING", logger="rlcore.trainer"):
+    with caplog.at_level("WARNING", logger="rlcore.trainer.grpo"):
         trainer.train()
     rows = metrics(tmp_path)
     assert rows[0]["reward_errors/flaky"] == 4.0  # 2 prompts × 4 generations, each isolated; half raised

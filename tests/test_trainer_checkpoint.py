@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 import rlcore.training.checkpoint as ckpt
-from rlcore.tasks import digits_dataset
-from rlcore.trainer import GRPOConfig, GRPOTrainer
+from rlcore.data.tasks import digits_dataset
+from rlcore.trainer.grpo import GRPOConfig, GRPOTrainer
 
 
 def config(out: str, **over: Any) -> GRPOConfig:

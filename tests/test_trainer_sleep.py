@@ -18,10 +18,10 @@ import torch
 from transformers import TrainerCallback
 
 from rlcore import ConfigError, SamplerError, SamplingParams
-from rlcore.sampling.hf import HFSampler
-from rlcore.sampling.hf_decode import Request
-from rlcore.tasks import digits_dataset
-from rlcore.trainer import GRPOConfig, GRPOTrainer
+from rlcore.sampling.hf.sampler import HFSampler
+from rlcore.sampling.hf.decode import Request
+from rlcore.data.tasks import digits_dataset
+from rlcore.trainer.grpo import GRPOConfig, GRPOTrainer
 
 
 def config(tmp_path: Any, **over: Any) -> GRPOConfig:

@@ -306,7 +306,7 @@ def _non_default(name: str, default: Any) -> Any:
 def test_every_trl_config_field_is_accepted_or_refused(f: Any, tmp_path: Any) -> None:
     import dataclasses
 
-    from rlcore.training.trl_fields import REFUSED
+    from rlcore.compat.trl.fields import REFUSED
 
     default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
     ours = {g.name: g for g in dataclasses.fields(rlcore.GRPOConfig)}
@@ -339,7 +339,7 @@ IMPLEMENTED = ("multi_objective_aggregation", "off_policy_mask_threshold", "cast
 def test_implemented_trl_options_are_taken_not_refused(name: str, tmp_path: Any) -> None:
     import dataclasses
 
-    from rlcore.training.trl_fields import REFUSED
+    from rlcore.compat.trl.fields import REFUSED
 
     assert name not in REFUSED
     default = {f.name: f.default for f in dataclasses.fields(trl.GRPOConfig)}[name]
@@ -400,7 +400,7 @@ class GenerateRollout:
 
 def _prompt(trainer: Any, text: str) -> Any:
     """One rollout prompt from a TRL standard row, built the way the trainer builds its own."""
-    from rlcore.training.prompts import make_prompt
+    from rlcore.data.cursor import make_prompt
 
     return make_prompt({"prompt": text}, trainer.processing_class, True, None, None, None)
 
@@ -587,7 +587,7 @@ def test_dict_environment_factory_routes_rows_as_on_trl(tmp_path: Any) -> None:
 
 def test_dict_environment_factory_prompts_render_their_own_tools(tmp_path: Any) -> None:
     from rlcore.testing import tiny_model_path
-    from rlcore.training.prompts import make_prompt
+    from rlcore.data.cursor import make_prompt
 
     args = rlcore.GRPOConfig(**dict(COMMON, output_dir=str(tmp_path), max_steps=1, max_tool_calling_iterations=1))
     rows = [{"prompt": [{"role": "user", "content": "Count."}], "environment": e} for e in ("up", "down", "elsewhere")]
@@ -666,7 +666,7 @@ def test_chat_template_kwargs_render_prompts_as_on_trl(tmp_path: Any) -> None:
             ids, _, _ = trainer._tokenize_prompts([[{"role": "user", "content": "What is 1 + 1?"}]])
             seen[name] = [list(ids[0])]
         else:
-            from rlcore.training.prompts import make_prompt
+            from rlcore.data.cursor import make_prompt
 
             p = make_prompt({"prompt": [{"role": "user", "content": "What is 1 + 1?"}]}, tok, True, None, None, None)
             trajs = trainer.rollout([p])

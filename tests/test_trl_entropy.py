@@ -160,7 +160,7 @@ def per_sequence_normaliser(mp: pytest.MonkeyPatch) -> Iterator[None]:
 @contextlib.contextmanager
 def every_micro_step(mp: pytest.MonkeyPatch) -> Iterator[None]:
     """The adaptive coefficient moved after every micro-batch instead of every optimizer step."""
-    from rlcore.trainer import GRPOTrainer
+    from rlcore.trainer.grpo import GRPOTrainer
 
     def boundary(self: Any) -> None:
         if self.entropy_bonus is not None and self.model.training:
@@ -174,7 +174,7 @@ def every_micro_step(mp: pytest.MonkeyPatch) -> Iterator[None]:
 @contextlib.contextmanager
 def per_generation(mp: pytest.MonkeyPatch) -> Iterator[None]:
     """The adaptive coefficient moved once per generation batch (when the buffer runs dry)."""
-    from rlcore.trainer import GRPOTrainer
+    from rlcore.trainer.grpo import GRPOTrainer
 
     def boundary(self: Any) -> None:
         if self.entropy_bonus is not None and self.model.training and not self._buffer:
@@ -332,7 +332,7 @@ def test_evaluation_applies_the_bonus_but_never_moves_the_controller(tmp_path: A
 
 
 def test_cli_and_yaml_take_the_entropy_fields(tmp_path: Any) -> None:
-    from rlcore.train_cli import build_plan
+    from rlcore.commands.train import build_plan
 
     plan = build_plan(["--use-adaptive-entropy", "true", "--entropy_coef", "0.01", "--entropy-target", "3.5",
                        "--entropy_coef_max", "0.05", "--output-dir", str(tmp_path / "a")])

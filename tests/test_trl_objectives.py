@@ -69,7 +69,7 @@ def r_big(completion_ids: list[list[int]], **kwargs: Any) -> list[float | None]:
 
 def _prompt(trainer: Any, text: str = "What is 1 + 1?") -> Any:
     """One rollout prompt from a TRL standard row, built the way the trainer builds its own."""
-    from rlcore.training.prompts import make_prompt
+    from rlcore.data.cursor import make_prompt
 
     return make_prompt({"prompt": text}, trainer.processing_class, True, None, None, None)
 
@@ -387,7 +387,7 @@ def test_vllm_model_impl_reaches_the_vllm_engine(tmp_path: Any, vllm_standin: An
 def test_the_options_are_cli_and_yaml_flags(tmp_path: Any) -> None:
     """`rlcore train --help-all` lists each option (`--help` shows the ~20 most runs set), and the
     flags (or a YAML config) set them."""
-    from rlcore.train_cli import _parser, _read_config_file, help_text
+    from rlcore.commands.train import _parser, _read_config_file, help_text
 
     text = help_text(full=True)
     names = ("multi_objective_aggregation", "off_policy_mask_threshold", "cast_lm_head_to_fp32", "router_aux_loss_coef",

@@ -30,8 +30,8 @@ import pytest
 import torch
 
 from rlcore import SamplingParams
-from rlcore.sampling.vllm import sampling_kwargs
-from rlcore.sampling.vllm_support import PROCESSED, RAW, parse_version
+from rlcore.sampling.vllm.engine import sampling_kwargs
+from rlcore.sampling.vllm.support import PROCESSED, RAW, parse_version
 from rlcore.testing import vllm_standin
 
 SRCS = [p for p in os.environ.get("RLCORE_VLLM_SRC", "").split(os.pathsep) if p]

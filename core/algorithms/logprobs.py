@@ -295,7 +295,7 @@ def packing_plan(model: Any, attention_mask: torch.Tensor, completion_mask: torc
     and the batch runs as it is."""
     if attention_mask is None or attention_mask.dim() != 2 or attention_mask.shape[0] < 2:
         return None
-    from ..weights import base_model
+    from ..sampling.weight_export import base_model
 
     config = getattr(base_model(model), "config", None)
     if getattr(config, "model_type", None) not in PACKABLE_MODEL_TYPES:
@@ -325,7 +325,7 @@ VARLEN_ATTENTION = frozenset({"flash_attention_2", "flash_attention_3"})
 
 def attention_implementation(model: Any) -> str:
     """The ``attn_implementation`` ``model`` runs with (``config._attn_implementation``), ``"eager"`` when unset."""
-    from ..weights import base_model
+    from ..sampling.weight_export import base_model
 
     config = getattr(base_model(model), "config", None)
     return str(getattr(config, "_attn_implementation", None) or "eager")
@@ -396,7 +396,7 @@ def check_padding_free(model: Any) -> None:
     logprobs each gets alone (a model that lets one see the other, or ignores ``position_ids``,
     fails here, before training). Checked once per model object."""
     from ..errors import ConfigError
-    from ..weights import base_model
+    from ..sampling.weight_export import base_model
 
     m = base_model(model)
     impl = attention_implementation(model)
@@ -449,8 +449,8 @@ def is_data_parallel(model: Any) -> bool:
 
 def _split_model(model: Any) -> tuple[Any, Any]:
     """(decoder body returning hidden states, lm_head) of a causal LM, also through PEFT and DDP /
-    accelerate / compile wrappers (unwrapped by :func:`rlcore.weights.base_model`)."""
-    from ..weights import base_model
+    accelerate / compile wrappers (unwrapped by :func:`rlcore.sampling.weight_export.base_model`)."""
+    from ..sampling.weight_export import base_model
 
     m = base_model(model)
     head = m.get_output_embeddings()

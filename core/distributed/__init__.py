@@ -5,9 +5,9 @@ Importing this package imports neither Ray nor torch (only starting workers does
 the CLI's flag parsing and docs tools work without them.
 """
 
-from .config import DistributedConfig, WorkerGroupConfig
-from .errors import WorkerFailedError
-from .loop import DeviceGroup, RemotePolicy, initialize, make_sampler, shutdown
+from .layout import DistributedConfig, WorkerGroupConfig
+from .failures import WorkerFailedError
+from .groups import DeviceGroup, RemotePolicy, initialize, make_sampler, shutdown
 from .pool import RemoteSampler
 from .routing import bind_trajectory
 from .runner import DistributedResult, run_distributed

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config import DistributedConfig
-from .placement import PlacedGroup, place_actors
+from .layout import DistributedConfig
+from .placement_groups import PlacedGroup, place_actors
 from .pool import RemoteSampler
 from .runtime import ensure_ray, require_ray
 
@@ -31,7 +31,7 @@ def start_samplers(
 
     Blocks until every worker has loaded its model, so failures surface here with the worker named.
     """
-    from .errors import WorkerFailedError
+    from .failures import WorkerFailedError
     from .sampler_worker import SamplerWorker
 
     ray = require_ray()

@@ -24,7 +24,7 @@ import time
 from typing import Any, Sequence
 
 from ..algorithms.logprobs import is_data_parallel
-from ..trainer import GRPOTrainer
+from ..trainer.grpo import GRPOTrainer
 from ..types import Trajectory
 from ..training.data_parallel import allreduce_gradients  # noqa: F401 - one implementation, re-exported
 from .staleness import filter_stale, staleness_metrics

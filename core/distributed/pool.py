@@ -9,7 +9,7 @@ Failure behaviour (documented in docs/distributed.md): when a sampler worker die
 trajectories are retried on the remaining workers, once each (a second dead worker under the same
 trajectory fails it with the reason), and it is dropped from the pool — generation *recovers* at
 lower throughput. When no worker is left, or one stops answering for ``timeout_s``, generation fails
-with :class:`~rlcore.distributed.errors.WorkerFailedError` — it never hangs.
+with :class:`~rlcore.distributed.failures.WorkerFailedError` — it never hangs.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 from ..asyncutil import run_sync
 from ..sampling.base import Sampler, WeightsLike
 from ..types import Completion, SamplingParams
-from .errors import WorkerFailedError
+from .failures import WorkerFailedError
 from .routing import Router, current_key
 from .runtime import require_ray
 
@@ -170,7 +170,7 @@ class RemoteSampler(Sampler):
     ) -> dict[str, float]:
         """Awaitable form (async mode syncs while rollouts run on the same loop). Returns ``sync/*``."""
         ray = require_ray()
-        from ..weights import nbytes
+        from ..sampling.weight_export import nbytes
 
         t0 = time.perf_counter()
         items = list(weights.items() if hasattr(weights, "items") else weights)

@@ -14,9 +14,9 @@ from typing import Any
 import attrs
 
 from .cluster import connect, start_samplers
-from .config import DistributedConfig
-from .errors import WorkerFailedError, first_line
-from .placement import PlacedGroup, place_actors
+from .layout import DistributedConfig
+from .failures import WorkerFailedError, first_line
+from .placement_groups import PlacedGroup, place_actors
 from .runtime import require_ray
 
 

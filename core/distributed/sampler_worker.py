@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from ..types import Completion, SamplingParams
-from ..weights import sampler_accepts_lora
+from ..sampling.weight_export import sampler_accepts_lora
 
 
 def build_sampler(name: str, model: Any, options: dict[str, Any]) -> Any:

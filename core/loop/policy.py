@@ -27,7 +27,7 @@ from ..errors import ConfigError
 from ..gguf import resolve_model
 from ..plugins import get as get_component
 from ..types import Batch, Trajectory
-from ..weights import base_model, export_weights, is_peft_model, sampler_accepts_lora
+from ..sampling.weight_export import base_model, export_weights, is_peft_model, sampler_accepts_lora
 from ..training.data_parallel import (
     allreduce_gradients, broadcast_module, broadcast_object, gather_objects, loss_normalisation, reduce_step_metrics,
     sum_over_ranks, world,
@@ -82,8 +82,8 @@ class Policy:
     def __new__(cls, *args: Any, remote_group: str | None = None, **kwargs: Any) -> Any:
         """``remote_group=NAME`` under ``rlcore.distributed.initialize(mode="ray")``: the policy is
         built in an actor on that group and a proxy with the same methods
-        (:class:`~rlcore.distributed.loop.RemotePolicy`) comes back."""
-        from .placement import get_placer
+        (:class:`~rlcore.distributed.groups.RemotePolicy`) comes back."""
+        from .placer import get_placer
 
         placer = get_placer()
         if remote_group is not None and placer is not None:
@@ -329,7 +329,7 @@ class Policy:
 
     def weights(self, sampler: Any = None, *, lora: bool | None = None, to_cpu: bool = False) -> tuple[dict[str, Any], bool]:
         """The weights ``sampler`` needs and whether they are adapter-only (``lora``: ask for
-        adapters / merged weights explicitly); see :func:`rlcore.weights.export_weights`."""
+        adapters / merged weights explicitly); see :func:`rlcore.sampling.weight_export.export_weights`."""
         if lora is None:
             lora = sampler is not None and sampler_accepts_lora(sampler)
         return export_weights(self.model, sampler_accepts_lora=bool(lora), to_cpu=to_cpu, copy=to_cpu)

@@ -12,7 +12,7 @@ def make_prompts(rows: Sequence[dict[str, Any]], tokenizer: Any, *, prompt_colum
                  system_prompt: str | None = None, max_prompt_length: int | None = None) -> list[Prompt]:
     """One fresh :class:`Prompt` (its own group id) per row; the row's other columns (``answer`` …)
     stay in ``Prompt.data`` for the rewards."""
-    from ..training.prompts import check_columns, make_prompt
+    from ..data.cursor import check_columns, make_prompt
 
     rows = list(rows)
     has_prompt = check_columns(rows, prompt_column, "rows")

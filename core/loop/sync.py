@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..weights import export_weights, sampler_accepts_lora, shares_module
+from ..sampling.weight_export import export_weights, sampler_accepts_lora, shares_module
 
 
 def sync_weights(policy: Any, sampler: Any, *, version: int | None = None) -> dict[str, float]:

@@ -14,7 +14,7 @@ from .scheduler import (
     build_scheduler,
     merge_turn_results,
 )
-from .swift_api import (
+from ..compat.swift.api import (
     ChatCompletionResponse,
     Messages,
     ResponseChoice,

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 from ..errors import RlcoreError
 from ..types import Completion, Trajectory, Turn
 from .. import chat_template as tk
-from .swift_api import RolloutOutput
+from ..compat.swift.api import RolloutOutput
 from .token_backed import materialize_messages
 
 _SENTINEL = "\u2063RLCORE-MSG-{}\u2063"

@@ -26,7 +26,7 @@ from .assemble import output_to_trajectory
 from .invariants import check_trajectory, fail_violations
 from .progress import RolloutProgress
 from .scheduler import SAMPLES, STARTED, RolloutScheduler, accepts_request_config, scheduler_label
-from .swift_api import RolloutOutput
+from ..compat.swift.api import RolloutOutput
 from .token_backed import materialize_messages
 
 

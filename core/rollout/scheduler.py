@@ -25,8 +25,15 @@ from ..asyncutil import await_me_maybe
 from ..errors import ConfigError
 from ..types import Completion, SamplingParams, Trajectory
 from .stream import TokenStream
-from .swift_api import ChatCompletionResponse, Messages, ResponseChoice, RolloutOutput, as_sampling_params, extract_logprobs
-from .swift4 import SwiftHelpers
+from ..compat.swift.api import (
+    ChatCompletionResponse,
+    Messages,
+    ResponseChoice,
+    RolloutOutput,
+    as_sampling_params,
+    extract_logprobs,
+)
+from ..compat.swift.v4 import SwiftHelpers
 
 MAX_TURNS_HARD_CAP = 1000
 
@@ -124,7 +131,7 @@ class RolloutScheduler(SwiftHelpers):
     ms-swift 4.x's helper methods (``get_response_token_data``, ``prepare_response_continuation``,
     ``set_assistant_message_token_ids``, ``snapshot_and_materialize_assistant_messages``,
     ``restore_assistant_message_snapshots``, ``append_assistant_completion``, ``engine``) come from
-    :class:`~rlcore.rollout.swift4.SwiftHelpers`.
+    :class:`~rlcore.compat.swift.v4.SwiftHelpers`.
 
     Options: ``max_turns`` (1), ``sampling_params``, ``max_total_tokens`` (stop — truncated — once
     prompt + completion reach it), ``tools`` (JSON schemas rendered by the chat template; kept in

@@ -14,7 +14,7 @@ generation, turns the difference into tokens without touching what was sampled:
 * anything else (earlier messages rewritten) cannot be token-exact and raises a clear error.
 
 ms-swift 4.x's *token-backed* assistant messages (``content`` = the message's exact token ids, see
-:mod:`rlcore.rollout.swift4`) are checked against the tokens the stream holds before anything
+:mod:`rlcore.compat.swift.v4`) are checked against the tokens the stream holds before anything
 else: equal ids change nothing, ids for the open assistant message replace its tokens (what still
 matches the sample keeps mask 1 and its logprobs, the rest is mask 0), ids for an earlier message
 must be its tokens, and a closing token (eos) inside a message that goes on is refused.
@@ -31,7 +31,7 @@ import attrs
 from ..errors import RlcoreError
 from ..types import Completion, Trajectory, Turn
 from .. import chat_template as tk
-from .swift_api import token_backed_ids
+from ..compat.swift.api import token_backed_ids
 from .token_backed import closing_inside, closing_token_ids, message_text
 
 #: Turn.role of loss-mask-0 text placed *inside* the current assistant message (continuations).

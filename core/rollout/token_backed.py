@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .. import chat_template as tk
-from .swift_api import token_backed_ids
+from ..compat.swift.api import token_backed_ids
 
 _CLOSING: "weakref.WeakKeyDictionary[Any, frozenset[int]]" = weakref.WeakKeyDictionary()
 

@@ -12,8 +12,8 @@ from .base import Sampler, WeightsLike
 __all__ = ["HFSampler", "OpenAISampler", "Sampler", "VLLMSampler", "WeightsLike", "make_sampler"]
 
 _LAZY = {
-    "HFSampler": "rlcore.sampling.hf",
-    "VLLMSampler": "rlcore.sampling.vllm",
+    "HFSampler": "rlcore.sampling.hf.sampler",
+    "VLLMSampler": "rlcore.sampling.vllm.engine",
     "OpenAISampler": "rlcore.sampling.openai",
 }
 

@@ -13,14 +13,14 @@ Weight sync (full weights): the tensors are written as safetensors buckets into 
 directory the server can read; ``/dev/shm`` by default) and the server loads them through vLLM's
 dev-mode ``POST /collective_rpc`` (vLLM >= 0.10.2) calling rlcore's worker extension (start the
 server with ``VLLM_SERVER_DEV_MODE=1 vllm serve … --worker-extension-cls
-rlcore.sampling.vllm_worker.WeightSyncExtension``); then ``POST
+rlcore.sampling.vllm.worker.WeightSyncExtension``); then ``POST
 /reset_prefix_cache?reset_running_requests=true`` drops KV blocks computed with the old weights, and
 a ``{"success": false}`` answer is retried, then reported.
 
 Logprob semantics: on first use the sampler reads the server's version (``GET /version``) and
 ``logprobs_mode`` (``GET /server_info?config_format=json``, dev mode, vLLM >= 0.11) and refuses,
 with one line, requests whose logprobs would differ from the trainer's
-(:func:`~rlcore.sampling.vllm_support.logprob_mismatch`); when the mode cannot be read it warns
+(:func:`~rlcore.sampling.vllm.support.logprob_mismatch`); when the mode cannot be read it warns
 once instead. Pass ``server_logprobs_mode=`` to state it yourself.
 
 Sleep state is tracked: generating while asleep fails at once (a sleeping vLLM queues requests
@@ -40,8 +40,15 @@ from typing import Any
 from ..errors import ConfigError, SamplerError
 from ..types import Completion, SamplingParams
 from .base import Sampler, WeightsLike
-from .vllm_support import (
-    LOGPROBS_MODES, MIN_VERSION, PROCESSED, RAW, SUPPORTED_RANGE, SleepState, SleepStateMixin, logprob_mismatch,
+from .vllm.support import (
+    LOGPROBS_MODES,
+    MIN_VERSION,
+    PROCESSED,
+    RAW,
+    SUPPORTED_RANGE,
+    SleepState,
+    SleepStateMixin,
+    logprob_mismatch,
     parse_version,
 )
 
@@ -410,7 +417,7 @@ class OpenAISampler(SleepStateMixin, Sampler):
 
         sync_in_buckets(weights, directory=self.sync_dir, bucket_bytes=self.bucket_bytes, load=load,
                         who="openai sampler", hint="is the server started with "
-                        "--worker-extension-cls rlcore.sampling.vllm_worker.WeightSyncExtension?")
+                        "--worker-extension-cls rlcore.sampling.vllm.worker.WeightSyncExtension?")
         self._sleep.weights_discarded = False
         self.reset_prefix_cache()
         self._advance_version(version)

@@ -10,8 +10,8 @@ already *is* the parameter (the sampler shares the trainer's module) is skipped:
 **The weight-file format** is what a trainer writes and a vLLM engine reads, in process or behind
 ``vllm serve``: named tensors as safetensors buckets of at most ``bucket_bytes`` in a sync
 directory (``/dev/shm`` when local), loaded by the worker extension's ``RPC_LOAD_FROM_PATH`` method
-(:mod:`rlcore.sampling.vllm_worker` explains why a path and not tensors). Both the in-process
-client (:mod:`~rlcore.sampling.vllm`) and the HTTP one (:mod:`~rlcore.sampling.openai`) write it.
+(:mod:`rlcore.sampling.vllm.worker` explains why a path and not tensors). Both the in-process
+client (:mod:`~rlcore.sampling.vllm.engine`) and the HTTP one (:mod:`~rlcore.sampling.openai`) write it.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ from pathlib import Path
 from typing import Any
 
 from .checks import THINK_DROPPING_TEMPLATE, assert_token_exact
-from .logprobs import recompute_logprobs
+from .logprob_reference import recompute_logprobs
 from .scripted import ScriptedSampler, fake_logprob
-from ..demo import ARCHS, SIZES, build_model_dir, build_tokenizer, load_tiny, tiny_model_path
+from ..data.demo import ARCHS, SIZES, build_model_dir, build_tokenizer, load_tiny, tiny_model_path
 
 __all__ = ["ARCHS", "SIZES", "THINK_DROPPING_TEMPLATE", "ScriptedSampler", "assert_token_exact", "fake_logprob", "build_model_dir", "build_tokenizer",
            "load_script", "load_tiny", "recompute_logprobs", "tiny_model_path"]

@@ -2,7 +2,7 @@
 
 Tests of HTTP samplers (and anything that talks to "a vLLM server") run against this instead of a
 mocked client: a FastAPI app served by uvicorn on a free port in a background thread, generating
-with a real model through :class:`rlcore.sampling.hf.HFSampler`. It implements the parts of vLLM's
+with a real model through :class:`rlcore.sampling.hf.sampler.HFSampler`. It implements the parts of vLLM's
 server that rlcore uses, in vLLM's response format:
 
 - ``POST /v1/completions`` — ``prompt`` as token ids (a list of ints, or a list of such lists) or
@@ -19,7 +19,7 @@ server that rlcore uses, in vLLM's response format:
 - vLLM's dev-mode control endpoints (``VLLM_SERVER_DEV_MODE=1``): ``POST /collective_rpc``,
   ``/reset_prefix_cache``, ``/sleep``, ``/wake_up``, ``GET /is_sleeping``, ``GET /server_info``. The
   one RPC method served is the one rlcore's worker extension adds
-  (:mod:`rlcore.sampling.vllm_worker`): ``rlcore_load_weights_from_path``.
+  (:mod:`rlcore.sampling.vllm.worker`): ``rlcore_load_weights_from_path``.
 
 It behaves like a real vLLM server of ``version`` where that matters to a client (each point read
 from that version's ``vllm/entrypoints/openai/api_server.py`` / ``entrypoints/serve/*`` and
@@ -53,9 +53,9 @@ import uuid
 from typing import Any
 
 from ..asyncutil import serve_in_thread, stop_served
-from ..sampling.hf import HFSampler
+from ..sampling.hf.sampler import HFSampler
 from .vllm_standin import token_logprobs
-from ..sampling.vllm_support import RAW, parse_version
+from ..sampling.vllm.support import RAW, parse_version
 from ..types import SamplingParams
 
 RPC_LOAD_WEIGHTS = "rlcore_load_weights_from_path"  # the one method rlcore's worker extension adds

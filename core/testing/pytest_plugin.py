@@ -14,7 +14,7 @@ What it provides:
   A project that is neither (an application that merely uses rlcore) is left alone. Override the
   ``rlcore_plugins`` fixture to load something else (comma-separated distributions).
 - ``tiny_model_dir`` / ``tiny_tokenizer``: rlcore's offline tiny Qwen2 model and its tokenizer
-  (:mod:`rlcore.demo`, built once and cached on disk; no network).
+  (:mod:`rlcore.data.demo`, built once and cached on disk; no network).
 - ``scripted_sampler``: a factory for :class:`~rlcore.testing.ScriptedSampler` (scripted replies
   through the real sampler contract, tokenized with the tiny tokenizer by default).
 - ``shared_data``: the repository's shared data folder (``<repo>/../shared/data``, or
@@ -159,7 +159,7 @@ def _rlcore_isolate_plugins(rlcore_plugins: str | None, monkeypatch: pytest.Monk
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> str:
     """Path of rlcore's offline tiny Qwen2 model (built once, cached on disk)."""
-    from rlcore.demo import tiny_model_path
+    from rlcore.data.demo import tiny_model_path
 
     return tiny_model_path()
 
@@ -178,7 +178,7 @@ def tiny_hf_sampler(tiny_model_dir: str) -> Iterator[Any]:
     """A real ``HFSampler`` on the tiny model (seed 0), shared by one test module and closed after it."""
     import asyncio
 
-    from rlcore.sampling.hf import HFSampler
+    from rlcore.sampling.hf.sampler import HFSampler
 
     sampler = HFSampler(tiny_model_dir, batch_window_ms=5, seed=0)
     yield sampler
@@ -280,7 +280,7 @@ def smollm2_hf_sampler(smollm2_dir: str) -> Iterator[Any]:
     """A real ``HFSampler`` on SmolLM2 (seed 0), shared by one test module and closed after it."""
     import asyncio
 
-    from rlcore.sampling.hf import HFSampler
+    from rlcore.sampling.hf.sampler import HFSampler
 
     sampler = HFSampler(smollm2_dir, batch_window_ms=20, seed=0)
     yield sampler

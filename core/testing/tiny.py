@@ -1,6 +1,6 @@
-"""Moved to :mod:`rlcore.demo` (the CLIs' built-in model is product); importable here as before."""
+"""Moved to :mod:`rlcore.data.demo` (the CLIs' built-in model is product); importable here as before."""
 
-from ..demo import (
+from ..data.demo import (
     ARCHS,
     SIZES,
     FORMAT_VERSION,

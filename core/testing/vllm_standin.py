@@ -35,7 +35,7 @@ from typing import Any, Iterable
 
 import torch
 
-from ..sampling.vllm_support import PROCESSED, RAW, parse_version
+from ..sampling.vllm.support import PROCESSED, RAW, parse_version
 
 Version = tuple[int, int, int]
 

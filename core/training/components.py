@@ -18,7 +18,7 @@ from ..rewards import Reward, as_reward
 from ..rollout.options import factory_parameters, json_object
 from ..rollout.scheduler import build_scheduler
 from ..types import SamplingParams
-from ..weights import base_model, shares_module  # noqa: F401 - shares_module: re-exported for older imports
+from ..sampling.weight_export import base_model, shares_module  # noqa: F401 - shares_module: re-exported for older imports
 from .config import GRPOConfig
 
 
@@ -316,7 +316,7 @@ def make_rewards(args: GRPOConfig, reward_funcs: Sequence[Any] | None,
                  reward_processing_classes: Any = None, allow_none: bool = False) -> tuple[list[Reward], dict[str, float]]:
     """Reward objects (registered names from the config, plus functions/objects passed in, TRL
     style: functions, registered names, reward models or their paths) and the weight of each."""
-    from .reward_models import RewardModel, is_reward_model, load_reward_model
+    from ..rewards.models import RewardModel, is_reward_model, load_reward_model
 
     passed = list(reward_funcs or [])
     if reward_processing_classes is None:

@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 from ..errors import ConfigError
 from ..hookspecs import hookimpl
-from .prompts import PromptCursor
+from ..data.cursor import PromptCursor
 
 __all__ = ["DifficultyPromptSampler", "UniformPromptSampler", "make_prompt_sampler"]
 

@@ -32,7 +32,7 @@ def load_config(path: str | os.PathLike[str] = HERE / "config.yaml", **overrides
 
 def train(cfg: dict[str, Any]) -> Any:
     """Build a GRPOTrainer from the config dict and train. Returns the trainer."""
-    from rlcore.trainer import GRPOConfig, GRPOTrainer
+    from rlcore.trainer.grpo import GRPOConfig, GRPOTrainer
     from rlcore.data import load_rows
 
     run = {k: cfg.pop(k, None) for k in RUN_KEYS}

@@ -11,7 +11,7 @@ the shortest path's length). The ``recipe`` makes the built-in tiny model learn 
 
 from __future__ import annotations
 
-from rlcore.tasks import TINY_MODEL_RECIPE, DefaultTask
+from rlcore.data.tasks import TINY_MODEL_RECIPE, DefaultTask
 
 PROMPTS = 256
 

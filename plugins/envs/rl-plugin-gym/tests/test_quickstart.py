@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 
-from rlcore.cli import main
+from rlcore.commands.cli import main
 from rlcore.testing.runs import check_multi_turn_run
-from rlcore.train_cli import build_plan
+from rlcore.commands.train import build_plan
 
 
 def test_quickstart_trains_multi_turn_episodes(tmp_path, capsys):

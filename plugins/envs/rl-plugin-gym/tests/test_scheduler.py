@@ -159,7 +159,7 @@ def test_an_env_name_neither_registered_nor_gymnasium_is_one_line_before_any_mod
     """gym_scheduler resolves gymnasium ids too; the CLI asks it (not only the registry) before loading."""
     import transformers
 
-    from rlcore.cli import main
+    from rlcore.commands.cli import main
 
     def no_load(*a, **k):  # fault injection: loading a model here is the bug
         raise AssertionError("a model was loaded before --env was checked")

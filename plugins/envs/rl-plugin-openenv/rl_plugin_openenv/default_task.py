@@ -11,7 +11,7 @@ the guesses run out. The ``recipe`` is what makes the built-in tiny model learn 
 
 from __future__ import annotations
 
-from rlcore.tasks import TINY_MODEL_RECIPE, DefaultTask
+from rlcore.data.tasks import TINY_MODEL_RECIPE, DefaultTask
 
 LOW, HIGH, GUESSES = 1, 64, 6
 PROMPTS = 256

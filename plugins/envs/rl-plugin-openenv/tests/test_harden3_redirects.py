@@ -152,7 +152,7 @@ async def test_a_row_url_that_cannot_be_a_server_fails_its_trajectory_at_once(to
 
 
 def test_the_cli_refuses_a_bad_env_url_in_one_line(tmp_path: Any, capsys: Any) -> None:
-    from rlcore.cli import main
+    from rlcore.commands.cli import main
 
     with pytest.raises(SystemExit) as exc:
         main(["rollout", "--scheduler", "openenv_scheduler", "--env-url", "gopher://127.0.0.1:8000", "--limit", "1",
@@ -165,7 +165,7 @@ def test_the_cli_refuses_a_bad_env_url_in_one_line(tmp_path: Any, capsys: Any) -
 @pytest.mark.parametrize("port", ["70000", "-1"])
 def test_serve_with_a_port_out_of_range_is_one_line(port: str, capsys: Any) -> None:
     """Was: an 87-line OverflowError traceback from the socket bind (70000)."""
-    from rlcore.cli import main
+    from rlcore.commands.cli import main
 
     with pytest.raises(SystemExit) as exc:
         main(["openenv", "serve", "--port", port])

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 
-from rlcore.cli import main
+from rlcore.commands.cli import main
 from rlcore.testing.runs import check_multi_turn_run
-from rlcore.tasks import default_task_for
-from rlcore.train_cli import build_plan
+from rlcore.data.tasks import default_task_for
+from rlcore.commands.train import build_plan
 
 import rlcore
 from rl_plugin_openenv.default_task import GUESSES

@@ -24,7 +24,7 @@ import torch
 
 import rlcore
 from rlcore.chat_template import chat_template_override, prepare_multi_turn
-from rlcore.cli import main
+from rlcore.commands.cli import main
 from rlcore.loop.loss import pack
 from rlcore.rollout import check_batch, run_rollouts
 from rlcore.testing import ScriptedSampler

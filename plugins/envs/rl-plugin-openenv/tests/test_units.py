@@ -116,7 +116,7 @@ def test_sessions_per_server_is_the_schedulers_name_and_the_old_one_still_works(
 
 
 def test_openenv_commands_registered_on_rlcore_cli():
-    from rlcore.cli import _load_commands, cli
+    from rlcore.commands.cli import _load_commands, cli
 
     _load_commands()
     runner = CliRunner()

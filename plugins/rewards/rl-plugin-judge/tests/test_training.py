@@ -14,7 +14,7 @@ from rlcore.testing.runs import run_steps
 
 
 def train(out: Path, *options: str) -> None:
-    from rlcore.cli import main
+    from rlcore.commands.cli import main
 
     main(["train", "--reward", "llm_judge", "--max_steps", "2", "--output_dir", str(out), "--plots", "false",
           "--disable_tqdm", "true", "--retry-backoff", "0.01", *options])

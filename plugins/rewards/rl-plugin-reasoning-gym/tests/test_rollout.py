@@ -9,7 +9,7 @@ from pathlib import Path
 
 
 def test_rollout_cli_with_a_reasoning_gym_dataset(tiny_model_dir: str, tmp_path: Path) -> None:
-    from rlcore.rollout.cli import run_rollout_command
+    from rlcore.commands.rollout import run_rollout_command
 
     out = tmp_path / "rollouts.jsonl"
     opts = dict(

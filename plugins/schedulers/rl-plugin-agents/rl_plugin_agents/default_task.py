@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 
-from rlcore.tasks import TINY_MODEL_RECIPE, DefaultTask
+from rlcore.data.tasks import TINY_MODEL_RECIPE, DefaultTask
 
 PROMPTS = 256
 

@@ -9,7 +9,7 @@ import json
 import textwrap
 import threading
 
-from rlcore.cli import main
+from rlcore.commands.cli import main
 
 AGENT = textwrap.dedent('''
     from rl_plugin_agents.examples.calculator import TOOLS, score

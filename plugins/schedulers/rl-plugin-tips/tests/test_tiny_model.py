@@ -20,7 +20,7 @@ from rl_plugin_tips.truncate import find_marker
 
 @pytest.fixture(scope="module")
 def sampler(tiny_model_dir: str):
-    from rlcore.sampling.hf import HFSampler
+    from rlcore.sampling.hf.sampler import HFSampler
 
     s = HFSampler(tiny_model_dir, batch_window_ms=10, seed=0)
     yield s

@@ -19,7 +19,7 @@ def test_grpo_step_with_thinking_tips_rounds(tiny_model_dir: str, tmp_path: Path
     from transformers import AutoTokenizer
 
     from rlcore.testing import ScriptedSampler
-    from rlcore.trainer import GRPOConfig, GRPOTrainer
+    from rlcore.trainer.grpo import GRPOConfig, GRPOTrainer
 
     monkeypatch.syspath_prepend(str(Path(__file__).parent))  # so "test_trainer_rounds:never_right" imports
 

@@ -1,0 +1,92 @@
+"""Old import paths of modules that moved (issue #30's restructuring), kept working.
+
+``import rlcore.train_cli`` or ``from rlcore.rollout.swift4 import MultiTurnScheduler`` still works:
+a finder at the end of ``sys.meta_path`` answers only for the names below, imports the module where
+it lives now and hands back that very module object (so classes, ``isinstance`` and monkeypatching
+are the same whichever path was used), with a :class:`DeprecationWarning` naming the new path.
+Real modules always win: the finder is asked only after the normal finders found nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import warnings
+from types import ModuleType
+from typing import Any, Sequence
+
+#: old module name -> where the module lives now
+MOVED: dict[str, str] = {
+    "rlcore.algorithms.plugin": "rlcore.builtin_components",
+    "rlcore.bounded_worker": "rlcore.bounded.worker",
+    "rlcore.cli": "rlcore.commands.cli",
+    "rlcore.demo": "rlcore.data.demo",
+    "rlcore.distributed.cli": "rlcore.commands.distributed",
+    "rlcore.distributed.config": "rlcore.distributed.layout",
+    "rlcore.distributed.errors": "rlcore.distributed.failures",
+    "rlcore.distributed.loop": "rlcore.distributed.groups",
+    "rlcore.distributed.placement": "rlcore.distributed.placement_groups",
+    "rlcore.docgen": "rlcore.commands.docgen",
+    "rlcore.loop.placement": "rlcore.loop.placer",
+    "rlcore.loop.rewards": "rlcore.loop.scoring",
+    "rlcore.rollout.cli": "rlcore.commands.rollout",
+    "rlcore.rollout.plugin": "rlcore.builtin_components",
+    "rlcore.rollout.swift4": "rlcore.compat.swift.v4",
+    "rlcore.rollout.swift_api": "rlcore.compat.swift.api",
+    "rlcore.rollout.tokens": "rlcore.chat_template",
+    "rlcore.sampling.hf": "rlcore.sampling.hf.sampler",
+    "rlcore.sampling.hf_decode": "rlcore.sampling.hf.decode",
+    "rlcore.sampling.hf_fused": "rlcore.sampling.hf.fused",
+    "rlcore.sampling.hf_static": "rlcore.sampling.hf.static",
+    "rlcore.sampling.plugin": "rlcore.builtin_components",
+    "rlcore.sampling.vllm": "rlcore.sampling.vllm.engine",
+    "rlcore.sampling.vllm_support": "rlcore.sampling.vllm.support",
+    "rlcore.sampling.vllm_worker": "rlcore.sampling.vllm.worker",
+    "rlcore.scaffold": "rlcore.commands.scaffold",
+    "rlcore.tasks": "rlcore.data.tasks",
+    "rlcore.testing.cli": "rlcore.testing.cli_checks",
+    "rlcore.testing.logprobs": "rlcore.testing.logprob_reference",
+    "rlcore.train_cli": "rlcore.commands.train",
+    "rlcore.training.agents": "rlcore.compat.trl.agents",
+    "rlcore.training.data": "rlcore.data.cursor",
+    "rlcore.training.progress": "rlcore.training.step_progress",
+    "rlcore.training.prompts": "rlcore.data.cursor",
+    "rlcore.training.reward_models": "rlcore.rewards.models",
+    "rlcore.training.trl_fields": "rlcore.compat.trl.fields",
+    "rlcore.weights": "rlcore.sampling.weight_export",
+}
+
+
+class _AliasLoader(importlib.abc.Loader):
+    def __init__(self, old: str, new: str) -> None:
+        self.old, self.new = old, new
+        self._real_spec: Any = None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        warnings.warn(f"{self.old} moved to {self.new}: import it from there (the old path will be removed)",
+                      DeprecationWarning, stacklevel=2)
+        module = importlib.import_module(self.new)
+        self._real_spec = module.__spec__
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        # the import system set the alias spec on the module: give it back its own
+        module.__spec__ = self._real_spec
+
+
+class MovedModuleFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname: str, path: Sequence[str] | None = None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        new = MOVED.get(fullname)
+        if new is None:
+            return None
+        return importlib.util.spec_from_loader(fullname, _AliasLoader(fullname, new))
+
+
+def install() -> None:
+    """Put the finder at the end of ``sys.meta_path`` (once)."""
+    if not any(isinstance(f, MovedModuleFinder) for f in sys.meta_path):
+        sys.meta_path.append(MovedModuleFinder())

@@ -140,7 +140,7 @@ def _from_wheel(site: Path, args: list[str], cwd: Path) -> subprocess.CompletedP
 
 
 def test_docgen_from_an_installed_rlcore_reads_the_checkout_it_runs_in(site: Path) -> None:
-    """Installed, rlcore/docgen.py sits in site-packages: the docs and plugins it documents are the
+    """Installed, rlcore/commands/docgen.py sits in site-packages: the docs and plugins it documents are the
     checkout's (found from the current directory), never folders beside site-packages."""
     code = "import json, rlcore, rlcore.commands.docgen as d; print(json.dumps([rlcore.__file__, d.repository_plugins()]))"
     proc = _from_wheel(site, ["-c", code], REPO)

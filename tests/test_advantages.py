@@ -6,6 +6,7 @@ import math
 import random
 import statistics
 
+import attrs
 import pytest
 import torch
 
@@ -159,3 +160,32 @@ def test_gigpo_step_level() -> None:
                     assert abs(v - want[k]) < 1e-6
             pos += len(turn.token_ids)
     assert stats.groups == 1
+
+
+def test_advantage_config_is_what_the_estimators_read() -> None:
+    """AdvantageConfig carries what the built-ins read from a GRPOConfig, with their defaults; an
+    estimator given it, the GRPOConfig, or nothing (the hook's config then) computes the same."""
+    from rlcore.algorithms.advantages import AdvantageConfig
+    from rlcore.training.config import GRPOConfig
+
+    args = GRPOConfig(output_dir="/tmp/x", scale_rewards="batch", multi_objective_aggregation="normalize_then_sum")
+    cfg = AdvantageConfig.from_config(args)
+    assert (cfg.scale_rewards, cfg.multi_objective_aggregation) == ("batch", "normalize_then_sum")
+    assert AdvantageConfig.of(cfg) is cfg and AdvantageConfig.of(None) == AdvantageConfig()
+    assert AdvantageConfig() == AdvantageConfig.from_config(object())  # a config without the fields: the defaults
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        cfg.scale_rewards = "none"  # type: ignore[misc]
+    groups = _groups([4, 4])
+    rewards = torch.tensor([1.0, 0.0, 2.0, 0.5, 3.0, 3.0, 1.0, 0.0])
+    plain = GRPOConfig(output_dir="/tmp/x", scale_rewards="batch")
+    for config in (plain, AdvantageConfig.from_config(plain)):
+        est = rlcore.get("advantage", "grpo")(config=config)
+        got = est.compute_advantage(rewards=rewards, groups=groups, trajectories=[], config=config)
+        assert torch.allclose(got, torch.tensor(ref_grpo(rewards.tolist(), groups, "batch"), dtype=torch.float32), atol=1e-6)
+    # no config of its own: the hook's (the GRPOConfig the trainer passes), GDPO's batch whitening included
+    est = rlcore.get("advantage", "grpo")(config=None)
+    got = est.compute_advantage(rewards=rewards, groups=groups, trajectories=[], config=args)
+    want = (rewards - rewards.mean()) / (rewards.std() + 1e-4)
+    assert torch.allclose(got, want, atol=1e-6)
+    gigpo = rlcore.get("advantage", "gigpo")(config=AdvantageConfig(gigpo_gamma=0.5))
+    assert (gigpo.gamma, gigpo.step_weight) == (0.5, 1.0)

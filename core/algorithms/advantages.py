@@ -28,6 +28,39 @@ from ..hookspecs import hookimpl
 EPS = 1e-4
 
 
+@attrs.frozen
+class AdvantageConfig:
+    """What the built-in estimators read from a run's config (as :class:`~rlcore.algorithms.losses.LossConfig`
+    is what a loss reads), with the defaults they use when a config does not say.
+
+    ``scale_rewards``: ``group``, ``batch`` or ``none`` (TRL's ``True``/``False`` mean ``group``/``none``
+    for GRPO). ``multi_objective_aggregation``: ``normalize_then_sum`` (GDPO) makes GRPO whiten the
+    aggregate batch-wide. ``gigpo_gamma`` / ``gigpo_step_weight``: rlcore 0.1's GiGPO fields, read only
+    when the ``gamma`` / ``step_weight`` options are not given.
+
+    Built from a :class:`~rlcore.training.config.GRPOConfig` (or anything with those attributes) with
+    :meth:`from_config`; :meth:`of` takes either. Third-party estimators are not given this: the hook's
+    ``config`` (and the factory's ``config=``) stay the run's GRPOConfig, whose every field a plugin may read.
+    """
+
+    scale_rewards: Any = "group"
+    multi_objective_aggregation: str | None = None
+    gigpo_gamma: float | None = None
+    gigpo_step_weight: float | None = None
+
+    @classmethod
+    def from_config(cls, config: Any) -> "AdvantageConfig":
+        """The fields ``config`` has (a missing one keeps its default), values as given."""
+        return cls(**{f.name: getattr(config, f.name) for f in attrs.fields(cls) if hasattr(config, f.name)})
+
+    @classmethod
+    def of(cls, config: Any) -> "AdvantageConfig":
+        """``config`` if it is an AdvantageConfig already, the defaults for ``None``, else :meth:`from_config`."""
+        if isinstance(config, cls):
+            return config
+        return cls() if config is None else cls.from_config(config)
+
+
 @attrs.define
 class AdvantageStats:
     """What the last call saw; the trainer logs ``zero_std_frac``."""
@@ -221,10 +254,11 @@ class _Estimator:
     """Holds the run's config; ``compute_advantage`` is the hook. ``stats`` is the last call's.
 
     An estimator's options are its constructor's keyword parameters (``advantage_options`` /
-    ``--flag``), as for every component; ``config`` is the run's GRPOConfig (wiring, not an option)."""
+    ``--flag``), as for every component; ``config`` is the run's GRPOConfig or an
+    :class:`AdvantageConfig` (wiring, not an option), kept as an AdvantageConfig (``None`` stays ``None``)."""
 
     def __init__(self, config: Any = None, **options: Any) -> None:
-        self.config = config
+        self.config = None if config is None else AdvantageConfig.of(config)
         self.options = options
         self.stats = AdvantageStats()
 
@@ -260,21 +294,25 @@ class _Estimator:
         finally:
             self.options = saved
 
-    def _opt(self, name: str, default: Any) -> Any:
-        if name in self.options:
-            return self.options[name]
-        return getattr(self.config, name, default) if self.config is not None else default
+    def _config(self, config: Any) -> AdvantageConfig:
+        """The estimator's own config, else the one the hook was called with (either kind), narrowed."""
+        return AdvantageConfig.of(self.config if self.config is not None else config)
+
+    def _scale(self, config: AdvantageConfig) -> Any:
+        """``scale_rewards``: this call's or the estimator's option, else the config's."""
+        return self.options.get("scale_rewards", config.scale_rewards)
 
 
 class GRPOAdvantage(_Estimator):
     @hookimpl
     def compute_advantage(self, rewards: Any, groups: list[str], trajectories: list[Any], config: Any) -> Any:
-        scale = self._opt("scale_rewards", getattr(config, "scale_rewards", "group"))
+        cfg = self._config(config)
+        scale = self._scale(cfg)
         if scale is True:
             scale = "group"
         elif scale is False:
             scale = "none"
-        if getattr(config, "multi_objective_aggregation", None) == "normalize_then_sum":
+        if cfg.multi_objective_aggregation == "normalize_then_sum":
             # the rewards are GDPO aggregates (rlcore.rewards.normalize_then_sum): TRL whitens them batch-wide
             adv, self.stats = batch_whitened_advantages(rewards)
             return adv
@@ -304,8 +342,9 @@ class GiGPOAdvantage(_Estimator):
     def __init__(self, config: Any = None, *, gamma: float | None = None, step_weight: float | None = None,
                  **options: Any) -> None:
         super().__init__(config, **options)
-        self.gamma = float(_given(gamma, getattr(config, "gigpo_gamma", None), 0.95))
-        self.step_weight = float(_given(step_weight, getattr(config, "gigpo_step_weight", None), 1.0))
+        cfg = AdvantageConfig.of(self.config)
+        self.gamma = float(_given(gamma, cfg.gigpo_gamma, 0.95))
+        self.step_weight = float(_given(step_weight, cfg.gigpo_step_weight, 1.0))
 
     @hookimpl
     def compute_advantage(self, rewards: Any, groups: list[str], trajectories: list[Any], config: Any) -> Any:
@@ -315,7 +354,7 @@ class GiGPOAdvantage(_Estimator):
             trajectories,
             gamma=self.gamma,
             step_weight=self.step_weight,
-            scale_rewards=str(self._opt("scale_rewards", "group")),
+            scale_rewards=str(self._scale(AdvantageConfig.of(self.config))),
         )
         return adv
 

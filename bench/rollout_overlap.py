@@ -22,8 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlcore.rollout import EnvScheduler, encode_prompt, make_trajectories, run_rollouts
-from rlcore.rollout.scheduler import merge_turn_results
+from rlcore.rollout import EnvScheduler, apply_turn_end, encode_prompt, make_trajectories, run_rollouts
 from rlcore.types import Prompt, SamplingParams
 
 RESULTS = Path(__file__).parent / "results"
@@ -79,7 +78,7 @@ async def turn_synchronous(sched: SleepyScheduler, prompts: list[Prompt], params
         else:
             outs = [await sched.on_turn_end(t, c, turn) for t, c in zip(trajs, comps)]
         for t, o in zip(trajs, outs):
-            merge_turn_results(t, [o])
+            apply_turn_end(t, o)  # the scheduler's done/infos/reward, as the driver applies it
         if turn < sched.max_turns:
             for t, c in zip(trajs, comps):
                 sched.apply_step(t, sched.step(t, c, turn))

@@ -143,6 +143,10 @@ def on_trajectory_start(trajectories: list[Any]) -> None:
 
     It runs once per trajectory: a scheduler's own call from inside ``run`` for a trajectory the
     driver already started (ms-swift 4.x's base ``run`` makes one) is skipped.
+
+    Who calls it: the driver (:func:`rlcore.rollout.run_rollouts`), as the chosen scheduler's method
+    ``scheduler.on_trajectory_start(trajectories)``, then through pluggy on the named observers
+    (:meth:`rlcore.plugins.RunHooks.call_observers`).
     """
 
 
@@ -155,6 +159,10 @@ def on_turn_end(infer_request: Any, response_choice: Any, current_turn: int) -> 
     ``step_rewards``). Observers' results are logged under ``infos["observers"][name]`` and
     ``infos["observer_rewards"]``: they never end a trajectory (unless the scheduler sets
     ``observers_may_stop``) and never enter the trained reward.
+
+    Who calls it: the scheduler's turn loop (:meth:`rlcore.rollout.RolloutScheduler.run`, which the
+    driver runs per trajectory) as its own method ``self.on_turn_end(…)``, then through pluggy on the
+    named observers (:meth:`rlcore.plugins.RunHooks.call_observers`, keyword names as here).
     """
 
 
@@ -165,20 +173,35 @@ def step(infer_request: Any, response_choice: Any, current_turn: int) -> dict[st
     Returns ms-swift's shape: ``{"infer_request": request}`` after appending a message to
     ``request.messages`` (the engine appends that message's tokens, loss_mask 0), optionally with
     ``response_token_ids``, ``response_loss_mask``, ``rollout_logprobs`` and ``rollout_infos``.
+
+    Who calls it: the scheduler's turn loop (:meth:`rlcore.rollout.RolloutScheduler.run`, which the
+    driver runs per trajectory) as its own method ``self.step(…)``, before each turn after the first.
+    Never through pluggy: a plugin's ``@hookimpl def step`` takes part only as a scheduler's method.
     """
 
 
 @hookspec(firstresult=True)
 def check_finished(infer_request: Any, response_choice: Any, current_turn: int) -> bool | None:
     """Whether the trajectory is finished after ``current_turn`` (the scheduler's method; one
-    implementer per run). The base class stops on ``finish_reason == "length"`` or at ``max_turns``."""
+    implementer per run). The base class stops on ``finish_reason == "length"`` or at ``max_turns``.
+
+    Who calls it: the scheduler's turn loop (:meth:`rlcore.rollout.RolloutScheduler.run`, which the
+    driver runs per trajectory) as its own method ``self.check_finished(…)`` after each turn that
+    ``on_turn_end`` did not end. Never through pluggy.
+    """
 
 
 @hookspec
 def compute_reward(trajectories: list[Any]) -> dict[str, list[float | None]] | None:
     """Score a batch. Every reward the run names runs; each returns named reward columns (one value
     per trajectory, ``None`` where it could not score). The trainer takes the weighted sum of the
-    named rewards' columns; a named observer's columns are logged (``rewards``) but weigh 0."""
+    named rewards' columns; a named observer's columns are logged (``rewards``) but weigh 0.
+
+    Who calls it: :func:`rlcore.rewards.compute_rewards`, through pluggy on the run's named rewards
+    (:meth:`rlcore.plugins.RunHooks.call_all`; a plain reward function is wrapped into an
+    implementer), then on the named observers. The trainer's scoring, the loop API's
+    :class:`rlcore.loop.Rewards` and ``rlcore rollout --reward`` all go through that one function.
+    """
 
 
 @hookspec(firstresult=True)
@@ -188,6 +211,11 @@ def compute_advantage(rewards: Any, groups: list[str], trajectories: list[Any], 
     ``rewards`` is a float tensor [B] (NaN where no reward), ``groups`` the group id of each
     trajectory (the ``num_generations`` samples of one prompt share one). Returns a tensor [B]
     (sequence-level) or a list of per-completion-token lists (step-level estimators).
+
+    Who calls it: the trainer and the loop API, each on the chosen estimator object directly
+    (``estimator.compute_advantage(rewards=…, groups=…, trajectories=…, config=…)``; from a loop,
+    calling the estimator, ``GRPOAdvantage()(rewards, num_generations=8)``, ends in the same method).
+    One estimator per run: no pluggy call, so no other installed plugin's implementation takes part.
     """
 
 

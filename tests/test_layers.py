@@ -10,6 +10,8 @@ core and may not import each other's modules in a circle.
 from __future__ import annotations
 
 import ast
+import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,7 +34,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("trainer", ("rlcore.trainer",)),  # GRPOTrainer, built on the loop API's calls
     ("facade", ("rlcore",)),  # the package root: the public names, GRPOTrainer lazily
     ("distributed", ("rlcore.distributed",)),
-    ("commands", ("rlcore.commands",)),
+    ("commands", ("rlcore.commands", "rlcore.__main__")),  # python -m rlcore
     ("testing", ("rlcore.testing",)),  # test support: imports anything, imported by no product module
 ]
 RANK = {name: i for i, (name, _) in enumerate(LAYERS)}
@@ -224,3 +226,149 @@ def test_core_modules_form_no_cycle() -> None:
              for m, p in mods.items() if m not in packages}
     cycle = _cycle(graph)
     assert cycle is None, f"import cycle {' -> '.join(cycle or [])}"
+
+
+# --- folders are the layers (issue #30) ------------------------------------------------------------------
+def test_no_two_core_modules_share_a_basename() -> None:
+    """One file name, one module: ``cli.py`` three times was three things to tell apart in a traceback,
+    an editor tab, a ``git grep``. ``__init__.py`` is every package's. ``testing/`` is not exempt: it
+    ships in the wheel, plugin packages' tests import it by name, and its tracebacks read like any
+    other module's (``testing/cli.py`` beside ``commands/cli.py`` was one of the repeats)."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted(CORE.rglob("*.py")):
+        if path.name != "__init__.py":
+            seen.setdefault(path.name, []).append(path.relative_to(REPO).as_posix())
+    repeated = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert not repeated, f"basenames used by more than one module under core/: {repeated}"
+
+
+#: below ``commands``, the core reaches ``compat/`` only through these: the built-in registration's
+#: factory strings (``"rlcore.compat.…:attr"``, imported when the component is built) and the package
+#: root's install of the alias finder (``compat.moved``, which imports nothing of rlcore)
+COMPAT_REGISTRATION = {
+    "rlcore.builtin_components": "factory strings",
+    "rlcore": "compat.moved",
+}
+#: a string that names a compat module (``"rlcore.compat.swift.api"``, ``"..compat.trl:agents"``)
+_COMPAT_STRING = re.compile(r"(?:rlcore\.|\.+)compat(?:\.\w+)*(?::[\w.]+)?")
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                ids.add(id(first.value))
+    return ids
+
+
+def compat_uses_below_commands() -> list[str]:
+    """Every import of ``rlcore.compat`` and every string naming a compat module (``importlib``, a
+    factory) in a module below ``commands`` that is not in ``compat/`` itself, the registration aside."""
+    mods = core_modules()
+    known = set(mods)
+    bad = []
+    for module, path in mods.items():
+        layer = layer_of(module)
+        if module == "rlcore.compat" or module.startswith("rlcore.compat.") or layer is None:
+            continue
+        if RANK[layer] >= RANK["commands"]:
+            continue
+        rel = path.relative_to(REPO)
+        for line, target in imports_of(path, module, known):
+            if target == "rlcore.compat" or target.startswith("rlcore.compat."):
+                if not (module == "rlcore" and target in ("rlcore.compat", "rlcore.compat.moved")):
+                    bad.append(f"{rel}:{line}: {module} imports {target}")
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docs = _docstrings(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs \
+                    and _COMPAT_STRING.fullmatch(node.value):
+                registration = module == "rlcore.builtin_components" and node.value.startswith("rlcore.compat.") \
+                    and ":" in node.value
+                if not registration:
+                    bad.append(f"{rel}:{node.lineno}: {module} names {node.value!r}")
+    return list(dict.fromkeys(bad))  # ``from x import (a, b)`` reports its line once
+
+
+def test_nothing_below_commands_imports_compat_except_registration() -> None:
+    """ms-swift's and TRL's vocabulary is fenced into ``compat/``: the driver, the schedulers, the
+    trainer know rlcore's own contract, and an ms-swift or TRL component enters by registration."""
+    bad = compat_uses_below_commands()
+    assert not bad, "compat/ reached from below commands/ other than by registration:\n" + "\n".join(bad)
+
+
+def test_the_compat_check_sees_strings_and_lazy_imports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check itself: an ``importlib`` string and a function-level import are reported; the package
+    root's ``compat.moved`` and a registration factory string are not."""
+    pkg = tmp_path / "core"
+    for d in ("rollout", "compat", "compat/swift"):
+        (pkg / d).mkdir(parents=True, exist_ok=True)
+        (pkg / d / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("from .compat import moved\n")
+    (pkg / "compat" / "moved.py").write_text("")
+    (pkg / "compat" / "swift" / "api.py").write_text("")
+    (pkg / "builtin_components.py").write_text('F = "rlcore.compat.swift.api:X"\n')
+    (pkg / "rollout" / "driver.py").write_text(
+        '"""Docs may say rlcore.compat.swift."""\nimport importlib\n'
+        'def f():\n    from ..compat.swift import api\n    return importlib.import_module("rlcore.compat.swift.api")\n')
+    monkeypatch.setattr(sys.modules[__name__], "CORE", pkg)
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    assert compat_uses_below_commands() == [
+        "core/rollout/driver.py:4: rlcore.rollout.driver imports rlcore.compat",
+        "core/rollout/driver.py:4: rlcore.rollout.driver imports rlcore.compat.swift",
+        "core/rollout/driver.py:4: rlcore.rollout.driver imports rlcore.compat.swift.api",
+        "core/rollout/driver.py:5: rlcore.rollout.driver names 'rlcore.compat.swift.api'",
+    ]
+
+
+#: modules that sit in another layer than their folder: the alias finder (and its package's
+#: ``__init__``, a docstring), which ``import rlcore`` installs and which import nothing of rlcore
+FOLDER_EXCEPTIONS = ("rlcore.compat", "rlcore.compat.moved")
+
+
+def test_every_folder_of_core_is_one_layer() -> None:
+    """A newcomer reads the layers off the folder names: each top-level package of ``core/`` is in
+    exactly one layer (every module under it, :data:`FOLDER_EXCEPTIONS` aside), and every name in
+    ``LAYERS`` is a module that exists."""
+    mods = core_modules()
+    layers_of: dict[str, set[str]] = {}
+    for module in mods:
+        parts = module.split(".")
+        if len(parts) < 2 or module in FOLDER_EXCEPTIONS:
+            continue
+        top = ".".join(parts[:2])
+        if mods.get(top, Path()).name == "__init__.py":
+            layers_of.setdefault(top, set()).add(str(layer_of(module)))
+    spread = {top: sorted(layers) for top, layers in layers_of.items() if len(layers) > 1}
+    assert not spread, f"folders of core/ whose modules sit in more than one layer: {spread}"
+    stale = [p for _, prefixes in LAYERS for p in prefixes if p not in mods]
+    assert not stale, f"LAYERS names modules that do not exist: {stale}"
+    for module in FOLDER_EXCEPTIONS:
+        assert not list(imports_of(mods[module], module, set(mods))), f"{module} imports rlcore modules"
+
+
+# --- the README's size of the kernel ------------------------------------------------------------------
+#: the kernel as the README names it: hooks, registry, types, the rollout driver, the scheduler base,
+#: the algorithms
+KERNEL = ("hookspecs.py", "plugins.py", "types.py", "rollout/driver.py", "rollout/scheduler.py", "algorithms")
+
+
+def _lines(paths: list[Path]) -> int:
+    return sum(len(p.read_text(encoding="utf-8").splitlines()) for p in paths)
+
+
+def test_the_readme_says_how_big_the_kernel_and_the_core_are() -> None:
+    """``about N lines of the core's M``: both within 10% of ``wc -l`` today, so the sentence cannot rot."""
+    text = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    found = re.search(r"\*\*The kernel\*\*.*? about ([\d,]+) lines of the core's ([\d,]+)", text)
+    assert found, "README.md: the kernel paragraph ('**The kernel** … about N lines of the core's M') is missing"
+    said_kernel, said_core = (int(g.replace(",", "")) for g in found.groups())
+    kernel_files = [p for k in KERNEL for p in ([CORE / k] if k.endswith(".py") else sorted((CORE / k).rglob("*.py")))]
+    assert all(p.is_file() for p in kernel_files), [str(p) for p in kernel_files if not p.is_file()]
+    kernel, core = _lines(kernel_files), _lines(sorted(CORE.rglob("*.py")))
+    assert abs(said_kernel - kernel) <= 0.1 * kernel, f"README says the kernel is {said_kernel} lines; it is {kernel}"
+    assert abs(said_core - core) <= 0.1 * core, f"README says the core is {said_core} lines; it is {core}"
+    for k in KERNEL:
+        assert f"core/{k}" in text, f"README.md's kernel paragraph does not name core/{k}"

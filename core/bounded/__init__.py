@@ -114,7 +114,7 @@ class BoundedWorker:
     # --- process lifecycle --------------------------------------------------------------------------
     def _start(self) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "rlcore.bounded.worker"],
+            [sys.executable, "-m", "rlcore.bounded.child"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             env=dict(os.environ), close_fds=True,
         )

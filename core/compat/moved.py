@@ -1,10 +1,13 @@
 """Old import paths of modules that moved (issue #30's restructuring), kept working.
 
-``import rlcore.train_cli`` or ``from rlcore.rollout.swift4 import MultiTurnScheduler`` still works:
+``import rlcore.train_cli`` or ``from rlcore.rollout.swift4 import SwiftHelpers`` still works:
 a finder at the end of ``sys.meta_path`` answers only for the names below, imports the module where
 it lives now and hands back that very module object (so classes, ``isinstance`` and monkeypatching
 are the same whichever path was used), with a :class:`DeprecationWarning` naming the new path.
-Real modules always win: the finder is asked only after the normal finders found nothing.
+Real modules always win: the finder is asked only after the normal finders found nothing, so an old
+name that is a real module again (``rlcore.sampling.hf``, now the package that holds the sampler and
+still gives ``HFSampler``) has no entry here. ``python -m rlcore.cli`` runs the command where it lives
+now (``python -m rlcore.commands.cli``, or ``python -m rlcore``).
 """
 
 from __future__ import annotations
@@ -15,13 +18,14 @@ import importlib.machinery
 import importlib.util
 import sys
 import warnings
-from types import ModuleType
+from types import CodeType, ModuleType
 from typing import Any, Sequence
 
 #: old module name -> where the module lives now
 MOVED: dict[str, str] = {
     "rlcore.algorithms.plugin": "rlcore.builtin_components",
-    "rlcore.bounded_worker": "rlcore.bounded.worker",
+    "rlcore.bounded.worker": "rlcore.bounded.child",
+    "rlcore.bounded_worker": "rlcore.bounded.child",
     "rlcore.cli": "rlcore.commands.cli",
     "rlcore.demo": "rlcore.data.demo",
     "rlcore.distributed.cli": "rlcore.commands.distributed",
@@ -37,12 +41,10 @@ MOVED: dict[str, str] = {
     "rlcore.rollout.swift4": "rlcore.compat.swift.v4",
     "rlcore.rollout.swift_api": "rlcore.compat.swift.api",
     "rlcore.rollout.tokens": "rlcore.chat_template",
-    "rlcore.sampling.hf": "rlcore.sampling.hf.sampler",
     "rlcore.sampling.hf_decode": "rlcore.sampling.hf.decode",
     "rlcore.sampling.hf_fused": "rlcore.sampling.hf.fused",
     "rlcore.sampling.hf_static": "rlcore.sampling.hf.static",
     "rlcore.sampling.plugin": "rlcore.builtin_components",
-    "rlcore.sampling.vllm": "rlcore.sampling.vllm.engine",
     "rlcore.sampling.vllm_support": "rlcore.sampling.vllm.support",
     "rlcore.sampling.vllm_worker": "rlcore.sampling.vllm.worker",
     "rlcore.scaffold": "rlcore.commands.scaffold",
@@ -75,6 +77,13 @@ class _AliasLoader(importlib.abc.Loader):
     def exec_module(self, module: ModuleType) -> None:
         # the import system set the alias spec on the module: give it back its own
         module.__spec__ = self._real_spec
+
+    def get_code(self, fullname: str) -> CodeType:
+        """What ``python -m OLD`` runs (runpy asks the loader for code): the new module as ``__main__``."""
+        warnings.warn(f"{self.old} moved to {self.new}: run python -m {self.new} (the old path will be removed)",
+                      DeprecationWarning, stacklevel=2)
+        source = f"import runpy\nrunpy.run_module({self.new!r}, run_name='__main__', alter_sys=True)\n"
+        return compile(source, f"<{self.old}, moved to {self.new}>", "exec")
 
 
 class MovedModuleFinder(importlib.abc.MetaPathFinder):

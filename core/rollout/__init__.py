@@ -12,7 +12,6 @@ from .scheduler import (
     RolloutScheduler,
     apply_turn_end,
     build_scheduler,
-    merge_turn_results,
 )
 from ..compat.swift.api import (
     ChatCompletionResponse,
@@ -63,7 +62,6 @@ __all__ = [
     "remove_response",
     "make_tool_parser",
     "make_trajectories",
-    "merge_turn_results",
     "parse_tool_calls",
     "render",
     "run_rollouts",

@@ -402,14 +402,6 @@ def apply_turn_end(trajectory: Trajectory, result: Any) -> bool:
     return bool(result.get("done"))
 
 
-def merge_turn_results(trajectory: Trajectory, results: list[Any]) -> bool:
-    """Several ``on_turn_end`` results applied in order; any ``done`` ends (kept for plugins)."""
-    done = False
-    for r in results:
-        done = apply_turn_end(trajectory, r) or done
-    return done
-
-
 def sync_prompt(tokenizer: Any, trajectory: Trajectory, tools: list[dict[str, Any]] | None) -> None:
     """Make ``prompt_ids`` follow ``messages`` before the first turn (fix for schedulers that replace
     the messages — ms-swift's GYMScheduler seeds system prompt and first observation — and leave

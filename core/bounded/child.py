@@ -1,4 +1,4 @@
-"""The worker side of :mod:`rlcore.bounded` (``python -m rlcore.bounded.worker``).
+"""The child process of :mod:`rlcore.bounded` (``python -m rlcore.bounded.child``): the worker side.
 
 Reads pickled requests from stdin and answers on stdout: first ``("load", "module:attr", warmup,
 memory_mb)``, then any number of ``("call", args, kwargs)``. The parent kills this process when a

@@ -75,3 +75,30 @@ def test_shared_gsm8k_reads(tok: Any, shared_data: Path) -> None:
     path = shared_data / "gsm8k" / "test.jsonl"
     p = load_prompts(str(path), tok, limit=2)
     assert len(p) == 2 and "####" in p[0].data["answer"]
+
+
+def test_one_rule_turns_a_row_into_a_prompt_for_every_command(tok: Any) -> None:
+    """TRL's rule, in one function (rlcore.data.row_to_prompt): a plain-text ``prompt`` column is
+    tokenized as is; a conversation is chat-templated. The trainer (make_prompt), the loop's
+    make_prompts and its Rollout's dataset rows (as_prompts) and load_prompts agree on the ids."""
+    from rlcore.data import row_to_prompt
+    from rlcore.data.cursor import make_prompt
+    from rlcore.loop import make_prompts
+    from rlcore.loop.rollout import as_prompts
+
+    text = "What is 2 + 2?"
+    templated = tok.encode(render(tok, [{"role": "user", "content": text}], add_generation_prompt=True),
+                           add_special_tokens=False)
+    cases = [({"prompt": text, "answer": "4"}, {}, tok(text=text)["input_ids"]),
+             ({"prompt": [{"role": "user", "content": text}]}, {}, templated),
+             ({"question": text}, {}, templated),
+             ({"text_in": text}, {"prompt_column": "text_in"}, templated)]
+    for row, kw, want in cases:
+        got = [row_to_prompt(row, tok, **kw).prompt_ids, make_prompt(row, tok, True, kw.get("prompt_column")).prompt_ids,
+               make_prompts([row], tok, **kw)[0].prompt_ids, load_prompts([row], tok, **kw)[0].prompt_ids]
+        if not kw:
+            got.append(as_prompts([row], tok)[0].prompt_ids)
+        assert all(ids == list(want) for ids in got), (row, got)
+    p = row_to_prompt({"prompt": text, "answer": "4"}, tok, system_prompt="be brief")  # a system prompt: a conversation
+    assert p.messages[0] == {"role": "system", "content": "be brief"} and tok.decode(p.prompt_ids).startswith("<|im_start|>system")
+    assert p.data == {"prompt": text, "answer": "4"}  # the prompt as written, for TRL-style rewards

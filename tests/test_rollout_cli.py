@@ -40,6 +40,36 @@ def test_rollout_command_writes_jsonl(tmp_path: Path) -> None:
     assert "wrote 4 trajectories" in res.output
 
 
+def test_rollout_tokenizes_a_plain_text_prompt_as_trl_and_the_trainer_do(tmp_path: Path) -> None:
+    """A plain-text ``prompt`` column is TRL's standard prompt: TRL 1.16's GRPOTrainer tokenizes its
+    text as is (no chat template, ``_tokenize_prompts``) and rlcore's trainer does too; `rlcore
+    rollout` used to template it. Its trajectories keep the prompt as written in ``data`` (what a
+    TRL-style reward is given as ``prompts``), as the trainer's do."""
+    trl = pytest.importorskip("trl")
+    datasets = pytest.importorskip("datasets")
+    from rlcore.data.cursor import make_prompt
+    from rlcore.data.demo import tiny_model_path
+
+    rows = [{"prompt": "What is 2 + 2?", "answer": "4"}, {"prompt": "What is 3 + 5?", "answer": "8"}]
+    path = tmp_path / "standard.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "r.jsonl"
+    res = run_cli(["rollout", "--dataset", str(path), "--num-generations", "1", "--max-tokens", "2", "--no-progress",
+                   "--output", str(out), "--seed", "1"])
+    assert res.exit_code == 0, res.output
+    got = {d["data"]["answer"]: d for d in map(json.loads, out.read_text().splitlines())}
+    args = trl.GRPOConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, report_to="none", per_device_train_batch_size=2,
+                          num_generations=2, max_completion_length=2)
+    trainer = trl.GRPOTrainer(model=tiny_model_path(), reward_funcs=lambda completions, **_: [0.0] * len(completions),
+                              args=args, train_dataset=datasets.Dataset.from_list(rows))
+    want, _, _ = trainer._tokenize_prompts([r["prompt"] for r in rows])
+    for row, ids in zip(rows, want):
+        d = got[row["answer"]]
+        assert d["prompt_ids"] == list(ids)
+        assert d["prompt_ids"] == make_prompt(row, trainer.processing_class, True).prompt_ids  # rlcore's trainer
+        assert d["data"]["prompt"] == row["prompt"]
+
+
 def test_rollout_speaks_trains_vocabulary_in_both_spellings(tmp_path: Path) -> None:
     """`rlcore rollout` takes `rlcore train`'s (TRL's) names, dash or underscore; rlcore 0.1's stay aliases."""
     for flags in (["--max_completion_length", "3", "--num_generations", "2", "--rollout_concurrency", "1",

@@ -180,7 +180,7 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
             opts.setdefault(new, opts.pop(old))
     opts.setdefault("sampler_options", None)
     check_options(opts)
-    from ..data import load_prompts, parse_dataset_options
+    from ..data import parse_dataset_options, row_to_prompt
     from ..plugins import RunHooks
     from ..rewards import as_reward, compute_rewards
     from ..types import SamplingParams
@@ -285,8 +285,10 @@ async def run_rollout_command(*, extra_args: list[str], **opts: Any) -> str:
         scheduler = build_scheduler(scheduler_factory, sampler, tokenizer, **sched_opts)
         if int(getattr(scheduler, "max_turns", 1) or 1) > 1:  # how the episodes become sequences
             click.echo(f"multi-turn  {multi_turn_note}", err=True)
-        prompts = load_prompts(rows, tokenizer, prompt_column=opts["prompt_column"], system_prompt=opts["system_prompt"],
-                               tools=template_tools(scheduler))
+        # the trainer's rule (TRL's: a plain-text prompt column is not chat-templated) and its Prompt.data
+        tools = template_tools(scheduler)
+        prompts = [row_to_prompt(r, tokenizer, prompt_column=opts["prompt_column"], system_prompt=opts["system_prompt"],
+                                 tools=tools, index=i) for i, r in enumerate(rows)]
         params = SamplingParams(max_tokens=opts["max_completion_length"], temperature=opts["temperature"],
                                 top_p=opts["top_p"], seed=opts["seed"])
         reward_hooks = RunHooks(*reward_objs) if reward_objs else None

@@ -4,8 +4,10 @@ A row becomes a conversation from its ``messages`` column (a list of role/conten
 ``prompt`` column (text or messages), or a question-style column (``question``, ``problem``,
 ``query``, ``instruction`` — or whichever ``prompt_column`` names). Every other column (``answer``,
 ``solution``, ``env_config`` …) stays in ``Prompt.data`` so rewards and environments can read it.
-The prompt ids are the chat template rendered with the generation prompt, encoded once; the
-rollout engine never re-tokenises them.
+The prompt ids are encoded once (the rollout engine never re-tokenises them) by one rule,
+:func:`row_to_prompt`, which every command uses (the trainer, the loop API's ``make_prompts``,
+``rlcore rollout``, :func:`load_prompts`): TRL's — a plain-text ``prompt`` column is tokenized as is,
+anything conversational gets the chat template with the generation prompt.
 
 Rows can also come from a *dataset source* a plugin registers (``register_datasets``):
 ``SOURCE:SPEC?key=value&…`` calls the source with ``SPEC`` and the options. The core knows
@@ -77,12 +79,30 @@ def load_prompts(
     tools: list[dict[str, Any]] | None = None,
     options: Mapping[str, Any] | None = None,
 ) -> list[Prompt]:
-    """Load a dataset (path, name, source, rows, or ``None`` for the built-in one) as encoded prompts."""
+    """Load a dataset (path, name, source, rows, or ``None`` for the built-in one) as encoded prompts,
+    each by :func:`row_to_prompt`. Here ``Prompt.data`` is the row's other columns only (not the
+    copy of its prompt a command keeps for TRL-style rewards)."""
     rows = list(source) if isinstance(source, (list, tuple)) else load_rows(source, split=split, limit=limit, options=options)
     if isinstance(source, (list, tuple)) and limit is not None:
         rows = rows[:limit]
-    return [row_to_prompt(r, tokenizer, prompt_column=prompt_column, system_prompt=system_prompt, tools=tools, index=i)
-            for i, r in enumerate(rows)]
+    prompts = []
+    for i, r in enumerate(rows):
+        p = row_to_prompt(r, tokenizer, prompt_column=prompt_column, system_prompt=system_prompt, tools=tools, index=i)
+        p.data = other_columns(r, prompt_column)
+        prompts.append(p)
+    return prompts
+
+
+def prompt_column_of(row: Mapping[str, Any], prompt_column: str | None = None) -> str | None:
+    """The column a row's prompt is read from: ``prompt_column``, else the first of :data:`PROMPT_COLUMNS` it has."""
+    return prompt_column if prompt_column is not None else next((c for c in PROMPT_COLUMNS if c in row), None)
+
+
+def other_columns(row: Mapping[str, Any], prompt_column: str | None = None) -> dict[str, Any]:
+    """The row without its ``messages``/``prompt`` column when that is what the prompt was read from
+    (a question-style column stays: rewards read ``question``)."""
+    col = prompt_column_of(row, prompt_column)
+    return {k: v for k, v in row.items() if not (k == col and col in ("messages", "prompt"))}
 
 
 def row_messages(row: dict[str, Any], *, prompt_column: str | None = None, system_prompt: str | None = None,
@@ -97,7 +117,7 @@ def row_messages(row: dict[str, Any], *, prompt_column: str | None = None, syste
             )
         col = prompt_column
     else:
-        col = next((c for c in PROMPT_COLUMNS if c in row), None)
+        col = prompt_column_of(row)
         if col is None:
             raise DatasetError(
                 f"dataset row {index} has none of the columns messages, prompt, {', '.join(QUESTION_COLUMNS)} "
@@ -150,14 +170,47 @@ def message_problem(m: Mapping[str, Any]) -> str | None:
             "of content parts ({'type': 'text', 'text': '…'})")
 
 
+def is_standard_prompt(row: Mapping[str, Any], *, prompt_column: str | None = None, system_prompt: str | None = None) -> bool:
+    """True for TRL's *standard* (not conversational) prompt: the row's prompt is a plain-text ``prompt``
+    column (TRL 1.16 ``is_conversational`` is False for it), and none of rlcore's own ways of asking for
+    a conversation is used (a ``messages`` column, an explicit ``prompt_column``, a ``system_prompt``)."""
+    return prompt_column is None and not system_prompt and "messages" not in row and isinstance(row.get("prompt"), str)
+
+
 def row_to_prompt(row: dict[str, Any], tokenizer: Any, *, prompt_column: str | None = None,
-                  system_prompt: str | None = None, tools: list[dict[str, Any]] | None = None, index: int = 0) -> Prompt:
-    """One row as a :class:`Prompt` (messages, prompt ids with the generation prompt, extra columns)."""
+                  system_prompt: str | None = None, tools: list[dict[str, Any]] | None = None,
+                  max_prompt_length: int | None = None, index: int = 0) -> Prompt:
+    """One row as a fresh :class:`Prompt` (a new group id each time): the one rule every command uses.
+
+    As in TRL, a plain-text ``prompt`` column is a *standard* prompt (:func:`is_standard_prompt`): its
+    text is tokenized as is, with no chat template (TRL 1.16 ``GRPOTrainer._tokenize_prompts``); a
+    message-list ``prompt`` is conversational and gets the template (with ``tools``), and so do
+    rlcore's other prompt columns (``messages``, ``question`` …, an explicit ``prompt_column``) and any
+    row given a ``system_prompt``. ``data`` holds the row's other columns, and ``data["prompt"]`` the
+    row's prompt as written (its text or message list, else the messages), which is what TRL-style
+    rewards receive. Over ``max_prompt_length`` tokens, a prompt keeps its last ones (``truncated_tokens``)."""
     from ..chat_template import encode_prompt
 
-    messages, used = row_messages(row, prompt_column=prompt_column, system_prompt=system_prompt, index=index)
-    data = {k: v for k, v in row.items() if k not in used}
-    return Prompt(messages=messages, prompt_ids=encode_prompt(tokenizer, messages, tools=tools), data=data)
+    messages, _ = row_messages(row, prompt_column=prompt_column, system_prompt=system_prompt, index=index)
+    if is_standard_prompt(row, prompt_column=prompt_column, system_prompt=system_prompt):
+        p = Prompt(messages=messages, prompt_ids=list(tokenizer(text=row["prompt"])["input_ids"]), data=dict(row))
+    else:
+        data = other_columns(row, prompt_column)
+        data["prompt"] = _as_written(row, messages, prompt_column)
+        p = Prompt(messages=messages, prompt_ids=encode_prompt(tokenizer, messages, tools=tools), data=data)
+    if max_prompt_length and len(p.prompt_ids) > max_prompt_length:
+        p.truncated_tokens = len(p.prompt_ids) - max_prompt_length
+        p.prompt_ids = p.prompt_ids[-max_prompt_length:]
+    return p
+
+
+def _as_written(row: Mapping[str, Any], messages: list[dict[str, Any]], prompt_column: str | None) -> Any:
+    """The prompt a TRL-style reward sees: the row's own text or message list, else the messages."""
+    col = prompt_column_of(row, prompt_column)
+    value = row.get(col) if col else None
+    if isinstance(value, str) or (isinstance(value, list) and col != "messages"):
+        return value
+    return messages
 
 
 # --- dataset sources (register_datasets) ------------------------------------------------------------

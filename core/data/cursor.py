@@ -51,37 +51,15 @@ def check_columns(rows: list[dict[str, Any]], prompt_column: str | None = None, 
 
 def make_prompt(row: dict[str, Any], tokenizer: Any, has_prompt: bool, prompt_column: str | None = None,
                 max_prompt_length: int | None = None, system_prompt: str | None = None) -> Prompt:
-    """One fresh :class:`Prompt` (a new group id each time); over-long prompts keep their last tokens.
-
-    As in TRL, a plain-text ``prompt`` column is a *standard* prompt: its text is tokenized as is,
-    with no chat template (TRL 1.16 ``GRPOTrainer._tokenize_prompts``); a message-list ``prompt`` is
-    conversational and gets the template. rlcore's other prompt columns (``messages``,
-    ``question`` …, an explicit ``prompt_column``, or a ``system_prompt``) always get the template.
-    ``data["prompt"]`` keeps the row's prompt as written, which is what TRL-style rewards receive."""
+    """The trainer's prompt for one row: :func:`rlcore.data.row_to_prompt` (the one rule, TRL's: a
+    plain-text ``prompt`` column is not chat-templated), or, for a dataset of ``env_config``-only rows
+    (``has_prompt`` False, see :func:`check_columns`), an empty prompt the environment fills at reset."""
     from . import row_to_prompt
 
     if not has_prompt:
         return Prompt(messages=[], prompt_ids=[], data=dict(row))
-    raw = row.get("prompt")
-    if prompt_column is None and isinstance(raw, str) and "messages" not in row and not system_prompt:
-        p = Prompt(messages=[{"role": "user", "content": raw}], prompt_ids=list(tokenizer(text=raw)["input_ids"]),
-                   data=dict(row))
-    else:
-        p = row_to_prompt(row, tokenizer, prompt_column=prompt_column, system_prompt=system_prompt)
-        p.data["prompt"] = _as_written(row, p.messages, prompt_column)
-    if max_prompt_length and len(p.prompt_ids) > max_prompt_length:
-        p.truncated_tokens = len(p.prompt_ids) - max_prompt_length
-        p.prompt_ids = p.prompt_ids[-max_prompt_length:]
-    return p
-
-
-def _as_written(row: dict[str, Any], messages: list[dict[str, Any]], prompt_column: str | None) -> Any:
-    """The prompt a TRL-style reward sees: the row's own text or message list, else the messages."""
-    col = prompt_column or next((c for c in PROMPT_COLUMNS if c in row), None)
-    value = row.get(col) if col else None
-    if isinstance(value, str) or (isinstance(value, list) and col != "messages"):
-        return value
-    return messages
+    return row_to_prompt(row, tokenizer, prompt_column=prompt_column, system_prompt=system_prompt,
+                         max_prompt_length=max_prompt_length)
 
 
 class PromptCursor:

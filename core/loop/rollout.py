@@ -143,7 +143,9 @@ def sample(sampler: Any, prompts: Sequence[Any], params: SamplingParams | None =
 
 
 def as_prompts(items: Sequence[Any], tokenizer: Any) -> list[Prompt]:
-    """Prompts as given, or built from texts, message lists or dataset rows with the chat template."""
+    """Prompts as given, or built from texts and message lists (a user conversation: chat-templated)
+    or dataset rows (:func:`rlcore.data.row_to_prompt`, the trainer's rule: a plain-text ``prompt``
+    column is not templated, as in TRL)."""
     from ..data import row_to_prompt
 
     out: list[Prompt] = []

@@ -84,7 +84,7 @@ def test_one_rule_turns_a_row_into_a_prompt_for_every_command(tok: Any) -> None:
     from rlcore.data import row_to_prompt
     from rlcore.data.cursor import make_prompt
     from rlcore.loop import make_prompts
-    from rlcore.loop.rollout import as_prompts
+    from rlcore.loop.rollouts import as_prompts
 
     text = "What is 2 + 2?"
     templated = tok.encode(render(tok, [{"role": "user", "content": text}], add_generation_prompt=True),

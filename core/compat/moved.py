@@ -36,6 +36,7 @@ MOVED: dict[str, str] = {
     "rlcore.docgen": "rlcore.commands.docgen",
     "rlcore.loop.placement": "rlcore.loop.placer",
     "rlcore.loop.rewards": "rlcore.loop.scoring",
+    "rlcore.loop.rollout": "rlcore.loop.rollouts",
     "rlcore.rollout.cli": "rlcore.commands.rollout",
     "rlcore.rollout.plugin": "rlcore.builtin_components",
     "rlcore.rollout.swift4": "rlcore.compat.swift.v4",

@@ -26,11 +26,11 @@ from typing import Any
 
 _EXPORTS = {
     "Policy": ".policy",
-    "Rollout": ".rollout",
-    "MultiTurnRollout": ".rollout",
-    "rollout_batch": ".rollout",
-    "sample": ".rollout",
-    "as_prompts": ".rollout",
+    "Rollout": ".rollouts",
+    "MultiTurnRollout": ".rollouts",
+    "rollout_batch": ".rollouts",
+    "sample": ".rollouts",
+    "as_prompts": ".rollouts",
     "make_prompts": ".prompts",
     "Rewards": ".scoring",
     "build_reward": ".scoring",

@@ -49,7 +49,7 @@ from ..rewards import (
 )
 from ..chat_template import prepare_multi_turn, set_chat_template_kwargs
 from ..loop.loss import advantage_list, batch_logprobs, batch_loss, high_entropy_mask, pack, pad_to_multiple
-from ..loop.rollout import rollout_batch
+from ..loop.rollouts import rollout_batch
 from ..loop.sync import sync_weights as sync_policy_weights
 from ..training import checkpoint as ckpt
 from ..training.components import (

@@ -27,11 +27,7 @@ from .envs import Env, EnvStep
 from .rewards import Reward
 from .rollout import (
     EnvScheduler,
-    Messages,
-    MultiTurnScheduler,
-    ResponseChoice,
     RolloutOutput,
-    RolloutScheduler,
     ToolCall,
     ToolParser,
     ToolScheduler,
@@ -39,7 +35,11 @@ from .rollout import (
     check_trajectory,
     run_rollouts,
 )
+# ms-swift's base classes and names: a scheduler ported from ms-swift imports them from here
+from .compat.swift import Messages, MultiTurnScheduler, ResponseChoice, RolloutScheduler
 from .sampling.base import Sampler
+
+_moved.install_names()  # names that left a module (rlcore.rollout.remove_response …), kept working
 
 __version__ = "0.1.0"
 

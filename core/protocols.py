@@ -20,7 +20,7 @@ loss     the policy loss function itself              ``loss_options``      :cla
 advantage an estimator implementing ``compute_advantage`` ``advantage_options`` :class:`AdvantageLike`
 ======== ============================================ ===================== ===========================
 
-The base classes (``rlcore.RolloutScheduler``, ``rlcore.Sampler``, ``rlcore.Env``,
+The base classes (``rlcore.rollout.RolloutScheduler``, ``rlcore.Sampler``, ``rlcore.Env``,
 ``rlcore.Reward``) satisfy these and give defaults; the Protocols are what rlcore relies on, so a
 class that does not subclass them works as long as it has these members. They are
 ``runtime_checkable`` (``isinstance(obj, SamplerLike)`` checks the members exist, not signatures).
@@ -78,13 +78,15 @@ class SamplerLike(Protocol):
 
 @runtime_checkable
 class SchedulerLike(Protocol):
-    """Runs trajectories between generations (ms-swift's scheduler methods)."""
+    """Runs trajectories between generations (:class:`rlcore.rollout.RolloutScheduler`'s contract;
+    ms-swift's schedulers have the same methods, their arguments named ``infer_request``,
+    ``response_choice``, ``current_turn``)."""
 
-    async def run(self, infer_request: Any) -> Any: ...
+    async def run(self, trajectory: Any) -> Any: ...
 
-    def step(self, infer_request: Any, response_choice: Any, current_turn: int) -> Any: ...
+    def step(self, trajectory: Any, choice: Any, turn: int) -> Any: ...
 
-    def check_finished(self, infer_request: Any, response_choice: Any, current_turn: int) -> bool: ...
+    def check_finished(self, trajectory: Any, choice: Any, turn: int) -> bool: ...
 
 
 @runtime_checkable

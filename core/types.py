@@ -1,8 +1,9 @@
 """The data that flows through a run (token-in / token-out), as attrs classes.
 
-A :class:`Trajectory` doubles as ms-swift's ``infer_request`` (``.messages``, ``.data_dict``,
-``.uuid``) and a :class:`Completion` as its ``response_choice`` (``.message.content``,
-``.finish_reason``, ``.token_ids``, ``.logprobs``), so schedulers written for ms-swift work unchanged.
+A :class:`Trajectory` is what a scheduler runs (ms-swift's schedulers read it as their
+``infer_request``: ``.messages``, ``.data_dict``, ``.uuid``); a :class:`Completion` is one sample,
+which the scheduler's hooks see through :class:`rlcore.rollout.ResponseChoice` (``.message.content``,
+``.finish_reason``, ``.token_ids``, ``.logprobs``).
 """
 
 from __future__ import annotations

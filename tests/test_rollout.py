@@ -171,6 +171,8 @@ async def test_check_finished_override_and_observer_merge(tok: Any) -> None:
 
 
 async def test_run_overridden_ms_swift_style(tok: Any) -> None:
+    from rlcore.compat.swift import MultiTurnScheduler  # ms-swift's base class (infer_engine)
+
     class MyRun(MultiTurnScheduler):
         async def run(self, infer_request):
             rounds = []

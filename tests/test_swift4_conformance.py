@@ -34,7 +34,8 @@ import pytest
 
 from rlcore import Env, MultiTurnScheduler
 from rlcore.chat_template import set_multi_turn_mode
-from rlcore.rollout import RolloutOutput, build_scheduler, check_batch, encode_prompt, remove_response, run_rollouts
+from rlcore.compat.swift import remove_response
+from rlcore.rollout import RolloutOutput, build_scheduler, check_batch, encode_prompt, run_rollouts
 from rlcore.testing import THINK_DROPPING_TEMPLATE, ScriptedSampler
 from rlcore.testing.multi_turn import RecordingSampler, assert_rows_are_sampler_calls
 from rlcore.types import Completion, Prompt, SamplingParams, Trajectory

@@ -306,7 +306,7 @@ def _non_default(name: str, default: Any) -> Any:
 def test_every_trl_config_field_is_accepted_or_refused(f: Any, tmp_path: Any) -> None:
     import dataclasses
 
-    from rlcore.compat.trl.fields import REFUSED
+    from rlcore.training.trl_fields import REFUSED
 
     default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
     ours = {g.name: g for g in dataclasses.fields(rlcore.GRPOConfig)}
@@ -339,7 +339,7 @@ IMPLEMENTED = ("multi_objective_aggregation", "off_policy_mask_threshold", "cast
 def test_implemented_trl_options_are_taken_not_refused(name: str, tmp_path: Any) -> None:
     import dataclasses
 
-    from rlcore.compat.trl.fields import REFUSED
+    from rlcore.training.trl_fields import REFUSED
 
     assert name not in REFUSED
     default = {f.name: f.default for f in dataclasses.fields(trl.GRPOConfig)}[name]

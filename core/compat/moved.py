@@ -4,10 +4,18 @@
 a finder at the end of ``sys.meta_path`` answers only for the names below, imports the module where
 it lives now and hands back that very module object (so classes, ``isinstance`` and monkeypatching
 are the same whichever path was used), with a :class:`DeprecationWarning` naming the new path.
-Real modules always win: the finder is asked only after the normal finders found nothing, so an old
-name that is a real module again (``rlcore.sampling.hf``, now the package that holds the sampler and
-still gives ``HFSampler``) has no entry here. ``python -m rlcore.cli`` runs the command where it lives
-now (``python -m rlcore.commands.cli``, or ``python -m rlcore``).
+Real modules always win: the finder is asked only after the normal finders found nothing.
+
+Names that left a module which stays (``from rlcore.rollout import remove_response``: ms-swift's
+helpers now live in :mod:`rlcore.compat.swift`) work the same way through :data:`MOVED_NAMES`: the
+package root calls :func:`install_names` once its modules are imported, which gives each such module
+a ``__getattr__`` answering only for its moved names (so the module itself imports nothing of where
+they went).
+
+An old name that is a real module again (``rlcore.sampling.hf``, now the package that holds the
+sampler and still gives ``HFSampler``) has no entry here: the finder would never be asked.
+``python -m rlcore.cli`` runs the command where it lives now (``python -m rlcore.commands.cli``, or
+``python -m rlcore``).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ MOVED: dict[str, str] = {
     "rlcore.bounded.worker": "rlcore.bounded.child",
     "rlcore.bounded_worker": "rlcore.bounded.child",
     "rlcore.cli": "rlcore.commands.cli",
+    "rlcore.compat.trl.fields": "rlcore.training.trl_fields",
     "rlcore.demo": "rlcore.data.demo",
     "rlcore.distributed.cli": "rlcore.commands.distributed",
     "rlcore.distributed.config": "rlcore.distributed.layout",
@@ -58,8 +67,17 @@ MOVED: dict[str, str] = {
     "rlcore.training.progress": "rlcore.training.step_progress",
     "rlcore.training.prompts": "rlcore.data.cursor",
     "rlcore.training.reward_models": "rlcore.rewards.models",
-    "rlcore.training.trl_fields": "rlcore.compat.trl.fields",
     "rlcore.weights": "rlcore.sampling.weight_export",
+}
+
+
+_SWIFT = "rlcore.compat.swift"
+
+#: module -> {name that moved out of it: the module it lives in now}
+MOVED_NAMES: dict[str, dict[str, str]] = {
+    "rlcore.rollout": {name: _SWIFT for name in (
+        "ChatCompletionResponse", "Messages", "extract_logprobs_from_choice",
+        "get_token_backed_response_ids", "invoke_async_hook", "remove_response")},
 }
 
 
@@ -100,3 +118,29 @@ def install() -> None:
     """Put the finder at the end of ``sys.meta_path`` (once)."""
     if not any(isinstance(f, MovedModuleFinder) for f in sys.meta_path):
         sys.meta_path.append(MovedModuleFinder())
+
+
+def _moved_name_getattr(module: ModuleType, names: dict[str, str]) -> Any:
+    previous = module.__dict__.get("__getattr__")
+
+    def __getattr__(name: str) -> Any:
+        new = names.get(name)
+        if new is None:
+            if previous is not None:
+                return previous(name)
+            raise AttributeError(f"module {module.__name__!r} has no attribute {name!r}")
+        warnings.warn(f"{module.__name__}.{name} moved to {new}: import it from there (the old path will be removed)",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(new), name)
+
+    __getattr__._rlcore_moved_names = True  # type: ignore[attr-defined]
+    return __getattr__
+
+
+def install_names() -> None:
+    """Give each imported module of :data:`MOVED_NAMES` a ``__getattr__`` for its moved names (once)."""
+    for module_name, names in MOVED_NAMES.items():
+        module = sys.modules.get(module_name)
+        if module is None or getattr(module.__dict__.get("__getattr__"), "_rlcore_moved_names", False):
+            continue
+        module.__getattr__ = _moved_name_getattr(module, names)  # type: ignore[attr-defined]

@@ -1,6 +1,7 @@
-"""Turn an ms-swift ``RolloutOutput`` into a token-exact :class:`Trajectory`.
+"""Turn a :class:`RolloutOutput` into a token-exact :class:`Trajectory`.
 
-An overridden ``run`` reports a conversation (``messages``) and, optionally, per-round token ids.
+An overridden ``run`` may report a conversation (``messages``) and, optionally, per-round token ids
+instead of a trajectory: a :class:`RolloutOutput` (ms-swift's schedulers return the same shape).
 The trainer needs tokens: the sampled ones exactly as sampled (with their logprobs) and the rest of
 the conversation as the chat template renders it. So:
 
@@ -19,13 +20,47 @@ from __future__ import annotations
 import copy
 from typing import Any, Sequence
 
+import attrs
+
 from ..errors import RlcoreError
 from ..types import Completion, Trajectory, Turn
 from .. import chat_template as tk
-from ..compat.swift.api import RolloutOutput
 from .token_backed import materialize_messages
 
 _SENTINEL = "\u2063RLCORE-MSG-{}\u2063"
+
+
+def _rounds(value: Any) -> list[list[Any]]:
+    """A flat list of numbers is one round (ms-swift's ``_wrap_flat_list`` reads it the same way)."""
+    if value is None:
+        return []
+    items = list(value)
+    if items and not isinstance(items[0], (list, tuple)):
+        return [items]
+    return [list(r) for r in items]
+
+
+@attrs.define
+class RolloutOutput:
+    """What an overridden ``run`` may return instead of a trajectory (one per output trajectory; a
+    list for several): the conversation and, per assistant round, its tokens.
+
+    ``messages`` is the final conversation, ending with the last assistant message; when omitted
+    the response's text (``response.choices[0].message.content``) is appended to the request's
+    messages. ``response_token_ids`` / ``response_loss_mask`` / ``rollout_logprobs`` are per
+    assistant round: round ``k`` of ``K`` belongs to the ``k``-th of the last ``K`` assistant
+    messages; a flat list is one round. ms-swift's ``RolloutOutput`` has these fields and meanings
+    (:mod:`rlcore.compat.swift` re-exports this class under that name).
+    """
+
+    response: Any = None
+    messages: list[dict[str, Any]] | None = None
+    response_token_ids: list[list[int]] = attrs.field(factory=list, converter=_rounds)
+    response_loss_mask: list[list[int]] = attrs.field(factory=list, converter=_rounds)
+    rollout_infos: dict[str, Any] = attrs.field(factory=dict)
+    rollout_logprobs: list[list[float]] = attrs.field(factory=list, converter=_rounds)
+    #: logprobs of the prompt tokens (ms-swift 4.x's field); accepted, not used for training
+    prompt_logprobs: list[Any] | None = None
 
 
 class RolloutOutputError(RlcoreError):
@@ -36,15 +71,16 @@ Segment = tuple[list[int], list[int], list[float | None]]  # ids, mask, logprobs
 
 
 def output_to_trajectory(
-    request: Trajectory,
+    trajectory: Trajectory,
     out: RolloutOutput,
     samples: Sequence[Completion],
     tokenizer: Any,
     *,
     tools: list[dict[str, Any]] | None = None,
 ) -> Trajectory:
-    """The trajectory ``out`` describes; ``samples`` are this request's sampler calls, in order."""
-    messages = _final_messages(request, out, tokenizer)
+    """The trajectory ``out`` describes, for ``trajectory`` (the one that was run; its uuid, data
+    and infos carry over); ``samples`` are its sampler calls, in order."""
+    messages = _final_messages(trajectory, out, tokenizer)
     special = set(getattr(tokenizer, "all_special_ids", []) or [])
     asst = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
     rounds = out.response_token_ids
@@ -73,7 +109,7 @@ def output_to_trajectory(
     if not trained:
         raise RolloutOutputError("RolloutOutput has no assistant message the sampler produced (no token ids, no matching sample)")
     prompt_ids, turns = _assemble(tokenizer, messages, trained, tools)
-    if request.has_turn_samples and _contexts_differ(prompt_ids, turns, samples):
+    if trajectory.has_turn_samples and _contexts_differ(prompt_ids, turns, samples):
         # the stream started samples of their own (the template rewrites the history: auto or
         # per_turn) and a round was sampled after other tokens than the single rendering of the
         # reported messages gives it: each trained message is then a sample, after exactly its input
@@ -82,30 +118,30 @@ def output_to_trajectory(
         if any(turn.loss_mask):
             src = _last_sample_of([(turn.token_ids, turn.loss_mask, turn.logprobs)], samples)
             turn.finish_reason = src.finish_reason if src is not None else None
-    infos = {**request.infos, **(out.rollout_infos or {})}
+    infos = {**trajectory.infos, **(out.rollout_infos or {})}
     first = min(trained)
     infos["prompt_messages"] = first
     infos["trained_messages"] = sorted(trained)
-    traj = Trajectory(prompt_ids=prompt_ids, messages=messages, data=request.data, uuid=request.uuid,
-                      group_id=request.group_id, turns=turns, infos=infos, policy_version=request.policy_version)
+    result = Trajectory(prompt_ids=prompt_ids, messages=messages, data=trajectory.data, uuid=trajectory.uuid,
+                        group_id=trajectory.group_id, turns=turns, infos=infos, policy_version=trajectory.policy_version)
     step_rewards = infos.get("step_rewards")
     if isinstance(step_rewards, list) and all(isinstance(r, (int, float)) for r in step_rewards):
-        traj.step_rewards = [float(r) for r in step_rewards]
+        result.step_rewards = [float(r) for r in step_rewards]
     n = infos.get("num_turns")
-    traj.num_turns = int(n) if isinstance(n, int) else len(trained)
+    result.num_turns = int(n) if isinstance(n, int) else len(trained)
     last_sample = _last_sample_of(trained[max(trained)], samples)
     if last_sample is not None and last_sample.finish_reason == "length":
-        traj.status, traj.reason = "truncated", "max_tokens reached"
+        result.status, result.reason = "truncated", "max_tokens reached"
     else:
-        traj.status = "ok"
-    return traj
+        result.status = "ok"
+    return result
 
 
-def _final_messages(request: Trajectory, out: RolloutOutput, tokenizer: Any = None) -> list[dict[str, Any]]:
+def _final_messages(trajectory: Trajectory, out: RolloutOutput, tokenizer: Any = None) -> list[dict[str, Any]]:
     if out.messages is not None:
         msgs = copy.deepcopy(list(out.messages))
     else:
-        msgs = copy.deepcopy(list(request.messages))
+        msgs = copy.deepcopy(list(trajectory.messages))
         choice = (getattr(out.response, "choices", None) or [None])[0]
         text = getattr(getattr(choice, "message", None), "content", None)
         if text is not None:
@@ -114,13 +150,13 @@ def _final_messages(request: Trajectory, out: RolloutOutput, tokenizer: Any = No
         if not isinstance(m, dict) or "role" not in m:
             raise RolloutOutputError(f"RolloutOutput.messages holds {type(m).__name__} {m!r:.60}; each message must be a dict with 'role' and 'content'")
     while msgs and msgs[-1].get("role") == "assistant" and msgs[-1].get("content") is None:
-        msgs.pop()  # ms-swift's dummy "continue this message" entry
-    materialize_messages(tokenizer, msgs)  # ms-swift 4.x token-backed history: its text
+        msgs.pop()  # a trailing empty assistant entry ("continue this message", ms-swift's marker)
+    materialize_messages(tokenizer, msgs)  # token-backed history: its text
     return msgs
 
 
 def _spread(lps: Sequence[float], mask: Sequence[int]) -> list[float | None]:
-    """ms-swift's rollout_logprobs hold one value per mask-1 token (or one per token)."""
+    """``rollout_logprobs`` hold one value per mask-1 token (or one per token)."""
     if len(lps) == len(mask):
         return [float(lp) if m else None for lp, m in zip(lps, mask)]
     if len(lps) == sum(mask):

@@ -22,11 +22,10 @@ from ..asyncutil import await_me_maybe
 from ..errors import one_line as _one_line
 from ..plugins import RunHooks
 from ..types import Prompt, SamplingParams, Trajectory
-from .assemble import output_to_trajectory
+from .assemble import RolloutOutput, output_to_trajectory
 from .invariants import check_trajectory, fail_violations
 from .progress import RolloutProgress
 from .scheduler import SAMPLES, STARTED, RolloutScheduler, accepts_request_config, scheduler_label
-from ..compat.swift.api import RolloutOutput
 from .token_backed import materialize_messages
 
 
@@ -80,7 +79,7 @@ async def run_rollouts(
     violation fails that trajectory with a reason naming the scheduler and the turn.
 
     ``on_finished`` streams the run: it is called (and awaited when it returns an awaitable) with
-    each request's finished trajectories as soon as they end, and the driver keeps none of them —
+    each trajectory's finished trajectories (several when its ``run`` returns several) as soon as they end, and the driver keeps none of them —
     the result's ``trajectories`` is empty, its ``stats`` count them all, so memory stays flat
     however many trajectories a run has. An exception it raises stops the run: the trajectories
     still running are cancelled (their ``on_trajectory_end`` runs) and the exception propagates.
@@ -108,9 +107,9 @@ async def run_rollouts(
                     t.fail(f"{who} on_trajectory_start raised {_one_line(exc)}")
         sem = asyncio.Semaphore(max(1, int(concurrency)))
 
-        async def one(i: int, traj: Trajectory) -> None:
+        async def one(i: int, trajectory: Trajectory) -> None:
             async with sem:
-                done = await _run_one(scheduler, traj, timeout, check)
+                done = await _run_one(scheduler, trajectory, timeout, check)
             bar.advance(done)
             if not stream:
                 results[i] = done
@@ -137,47 +136,47 @@ async def run_rollouts(
     return RolloutResult(flat, stats)
 
 
-async def _run_one(scheduler: RolloutScheduler, traj: Trajectory, timeout: float | None, check: bool = True) -> list[Trajectory]:
+async def _run_one(scheduler: RolloutScheduler, trajectory: Trajectory, timeout: float | None, check: bool = True) -> list[Trajectory]:
     """Run one trajectory; every exception becomes ``failed`` + reason; cleanup on every path."""
-    out: Any = traj
+    out: Any = trajectory
     samples: list[Any] = []
     SAMPLES.set(samples)
-    STARTED.set(frozenset({traj.uuid}))  # the driver ran on_trajectory_start for the batch
+    STARTED.set(frozenset({trajectory.uuid}))  # the driver ran on_trajectory_start for the batch
     who = scheduler_label(scheduler)
     try:
-        if traj.status == "running":  # on_trajectory_start may have failed it already
+        if trajectory.status == "running":  # on_trajectory_start may have failed it already
             run = scheduler.run
             if accepts_request_config(run):
-                coro = run(traj, getattr(scheduler, "sampling_params", None))
-            else:  # an rlcore-style override: run(self, infer_request)
-                coro = run(traj)
+                coro = run(trajectory, getattr(scheduler, "sampling_params", None))
+            else:  # an override without sampling params: run(self, trajectory)
+                coro = run(trajectory)
             out = await (asyncio.wait_for(coro, timeout) if timeout else coro)
     except asyncio.TimeoutError:
-        traj.fail(f"timed out after {timeout:g}s")
-        out = traj
+        trajectory.fail(f"timed out after {timeout:g}s")
+        out = trajectory
     except asyncio.CancelledError:
-        traj.fail("cancelled")
+        trajectory.fail("cancelled")
         raise
     except Exception as exc:  # noqa: BLE001 - one bad trajectory never takes the batch down
-        n = traj.num_turns or len(samples)  # an overridden run samples through infer_engine without counting turns
+        n = trajectory.num_turns or len(samples)  # a run override's recorded samples (it counts no turns)
         turn = f" turn {n}" if n else ""
-        traj.fail(f"{who}{turn}: {_one_line(exc)}")
-        out = traj
+        trajectory.fail(f"{who}{turn}: {_one_line(exc)}")
+        out = trajectory
     finally:
         try:
-            await await_me_maybe(scheduler.on_trajectory_end(traj))
+            await await_me_maybe(scheduler.on_trajectory_end(trajectory))
         except Exception as exc:  # noqa: BLE001
-            traj.infos["close_error"] = _one_line(exc)
+            trajectory.infos["close_error"] = _one_line(exc)
         release = getattr(scheduler, "release", None)
         if release is not None:
-            release(traj)
+            release(trajectory)
     try:
-        trajs = normalize_run_output(traj, out, samples, scheduler)
+        trajs = normalize_run_output(trajectory, out, samples, scheduler)
     except Exception as exc:  # noqa: BLE001 - a bad output fails its trajectory, never the batch
-        traj.fail(f"{who} returned an output rlcore cannot train on: {_one_line(exc)}")
-        trajs = [traj]
+        trajectory.fail(f"{who} returned an output rlcore cannot train on: {_one_line(exc)}")
+        trajs = [trajectory]
     for t in trajs:
-        try:  # ms-swift 4.x token-backed assistant messages become their text
+        try:  # token-backed assistant messages become their text
             materialize_messages(getattr(scheduler, "tokenizer", None), t.messages)
         except Exception as exc:  # noqa: BLE001
             t.fail(f"{who}: {_one_line(exc)}")
@@ -189,13 +188,14 @@ async def _run_one(scheduler: RolloutScheduler, traj: Trajectory, timeout: float
     return trajs
 
 
-def normalize_run_output(request: Trajectory, out: Any, samples: list[Any] | None = None, scheduler: Any = None) -> list[Trajectory]:
-    """Accept what an (overridden) ``run`` returns: a trajectory, several, or ms-swift RolloutOutput(s).
+def normalize_run_output(trajectory: Trajectory, out: Any, samples: list[Any] | None = None, scheduler: Any = None) -> list[Trajectory]:
+    """Accept what an (overridden) ``run`` of ``trajectory`` returns: a trajectory, several, or
+    :class:`~rlcore.rollout.assemble.RolloutOutput` reports.
 
     RolloutOutputs are assembled token-exactly (:mod:`rlcore.rollout.assemble`); every output after
-    the first gets its own uuid (``infos["request_uuid"]`` names the request)."""
+    the first gets its own uuid (``infos["request_uuid"]`` names the trajectory that was run)."""
     if out is None:
-        return [request]
+        return [trajectory]
     items = out if isinstance(out, (list, tuple)) else [out]
     trajs: list[Trajectory] = []
     for item in items:
@@ -204,23 +204,23 @@ def normalize_run_output(request: Trajectory, out: Any, samples: list[Any] | Non
         elif isinstance(item, RolloutOutput):
             tok = getattr(scheduler, "tokenizer", None)
             try:
-                trajs.append(output_to_trajectory(request, item, samples or [], tok, tools=template_tools(scheduler)))
+                trajs.append(output_to_trajectory(trajectory, item, samples or [], tok, tools=template_tools(scheduler)))
             except Exception as exc:  # noqa: BLE001 - one bad output of several fails only its own trajectory
                 if len(items) == 1 or not all(isinstance(i, RolloutOutput) for i in items):
                     raise
-                bad = attrs.evolve(request, turns=[], infos=dict(request.infos), messages=list(request.messages))
+                bad = attrs.evolve(trajectory, turns=[], infos=dict(trajectory.infos), messages=list(trajectory.messages))
                 bad.fail(f"{scheduler_label(scheduler)} returned an output rlcore cannot train on: {_one_line(exc)}")
                 trajs.append(bad)
         else:
             raise TypeError(f"run returned {type(item).__name__}; return a Trajectory, a list of them, or RolloutOutput")
     seen: set[str] = set()
     for t in trajs:
-        t.group_id = t.group_id or request.group_id
+        t.group_id = t.group_id or trajectory.group_id
         if t.uuid in seen:
-            t.infos["request_uuid"] = request.uuid
+            t.infos["request_uuid"] = trajectory.uuid
             t.uuid = uuidlib.uuid4().hex
         seen.add(t.uuid)
-    return trajs or [request]
+    return trajs or [trajectory]
 
 
 def template_tools(scheduler: Any) -> list[dict[str, Any]] | None:

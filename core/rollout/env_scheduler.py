@@ -22,7 +22,7 @@ from ..envs import Env, EnvStep
 from ..errors import ConfigError, EnvError, one_line
 from ..types import Completion, SamplingParams, Trajectory
 from .options import json_object
-from .scheduler import MultiTurnScheduler
+from .scheduler import MultiTurnScheduler, ResponseChoice
 from ..chat_template import encode_prompt
 
 
@@ -139,56 +139,56 @@ class EnvScheduler(MultiTurnScheduler):
             params = params.replace(stop=list(dict.fromkeys([*params.stop, *self.stop])))
         return await super().generate(trajectory, params, **kwargs)
 
-    def check_finished(self, infer_request: Trajectory, response_choice: Completion, current_turn: int) -> bool:
+    def check_finished(self, trajectory: Trajectory, choice: ResponseChoice, turn: int) -> bool:
         """Default rules; with ``stop_on_truncation=False`` a reply cut by ``max_tokens`` is still sent
         to the environment and the episode goes on (the env judges the partial action)."""
-        if response_choice.finish_reason == "length" and not self.stop_on_truncation:
-            finished = current_turn >= self.max_turns
+        if choice.finish_reason == "length" and not self.stop_on_truncation:
+            finished = turn >= self.max_turns
         else:
-            finished = super().check_finished(infer_request, response_choice, current_turn)
+            finished = super().check_finished(trajectory, choice, turn)
         if finished:  # what ended the episode, for the run's metrics (the env's done never gets here)
-            cut = response_choice.finish_reason == "length" and self.stop_on_truncation
-            infer_request.infos["ended_by"] = "length" if cut else "max_turns"
+            cut = choice.finish_reason == "length" and self.stop_on_truncation
+            trajectory.infos["ended_by"] = "length" if cut else "max_turns"
         return finished
 
     async def on_trajectory_start(self, trajectories: list[Trajectory]) -> None:
         await asyncio.gather(*(self._reset_one(t) for t in trajectories if t.status == "running"))
 
-    async def _reset_one(self, traj: Trajectory) -> None:
+    async def _reset_one(self, trajectory: Trajectory) -> None:
         try:
-            env = await await_me_maybe(self.make_env(traj))
-            self._envs[traj.uuid] = env
-            out = await self._env_call("reset", env.reset, traj)
+            env = await await_me_maybe(self.make_env(trajectory))
+            self._envs[trajectory.uuid] = env
+            out = await self._env_call("reset", env.reset, trajectory)
             observation, info, system = _reset_result(out)
         except Exception as exc:  # noqa: BLE001 - fails this trajectory only
-            traj.fail(self.failure_reason("reset", exc))
+            trajectory.fail(self.failure_reason("reset", exc))
             return
-        self.seed_conversation(traj, observation, system)
+        self.seed_conversation(trajectory, observation, system)
         if info:
-            traj.infos["reset_info"] = info
+            trajectory.infos["reset_info"] = info
 
-    async def on_turn_end(self, infer_request: Trajectory, response_choice: Completion, current_turn: int) -> dict[str, Any] | None:
-        env = self._envs.get(infer_request.uuid)
+    async def on_turn_end(self, trajectory: Trajectory, choice: ResponseChoice, turn: int) -> dict[str, Any] | None:
+        env = self._envs.get(trajectory.uuid)
         if env is None:
-            infer_request.fail("no environment for this trajectory (reset did not run)")
+            trajectory.fail("no environment for this trajectory (reset did not run)")
             return {"done": True}
         try:
-            action = self.parse_action(response_choice.message.content)
+            action = self.parse_action(choice.message.content)
             res = _step_result(await self._env_call("step", env.step, action))
         except Exception as exc:  # noqa: BLE001
-            infer_request.fail(self.failure_reason("step", exc))
+            trajectory.fail(self.failure_reason("step", exc))
             return {"done": True}
-        self._pending[infer_request.uuid] = self.format_observation(res.observation)
-        infos: dict[str, Any] = {"env_steps": current_turn, "env_done": bool(res.done)}
+        self._pending[trajectory.uuid] = self.format_observation(res.observation)
+        infos: dict[str, Any] = {"env_steps": turn, "env_done": bool(res.done)}
         if res.info:
             infos["env_info"] = res.info
         return {"done": bool(res.done), "reward": float(res.reward), "infos": infos}
 
-    def step(self, infer_request: Trajectory, response_choice: Completion, current_turn: int) -> dict[str, Any]:
-        obs = self._pending.pop(infer_request.uuid, None)
+    def step(self, trajectory: Trajectory, choice: ResponseChoice, turn: int) -> dict[str, Any]:
+        obs = self._pending.pop(trajectory.uuid, None)
         if obs is not None:
-            infer_request.messages.append({"role": "user", "content": obs})
-        return {"infer_request": infer_request}
+            trajectory.messages.append({"role": "user", "content": obs})
+        return {"infer_request": trajectory}
 
     async def on_trajectory_end(self, trajectory: Trajectory) -> None:
         self._pending.pop(trajectory.uuid, None)

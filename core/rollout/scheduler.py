@@ -1,13 +1,19 @@
-"""Rollout schedulers: the single-turn base and the multi-turn loop, ms-swift compatible.
+"""Rollout schedulers: the single-turn base and the multi-turn loop.
 
-A scheduler decides what happens between generations. Its methods carry ms-swift's names and
-argument names (``step(infer_request, response_choice, current_turn)`` …, ``run(infer_request,
-request_config, **kwargs)``) so a scheduler written for ms-swift — subclass
-:class:`MultiTurnScheduler`, override ``step`` and/or ``check_finished``, or ``run`` entirely —
-works with an import change. There is one mechanism: the loop in :meth:`RolloutScheduler.run`
-calls the scheduler's own methods (Python's method resolution and ``super()`` are the call order).
-pluggy serves registration and the observers a run names (``observers``): they see every turn and
-may add infos, but never end a trajectory or change its reward (see docs/concepts.md).
+A scheduler decides what happens between generations. The driver knows one contract, this class's:
+``on_trajectory_start(trajectories)`` once per batch, then per trajectory ``run(trajectory,
+sampling_params)``, which returns the trajectory (or several, or
+:class:`~rlcore.rollout.assemble.RolloutOutput` reports), and ``on_trajectory_end(trajectory)`` on
+every path. The loop in :meth:`RolloutScheduler.run` calls the scheduler's own methods
+``on_turn_end``, ``check_finished`` and ``step``, each with ``(trajectory, choice, turn)`` (``choice``
+a :class:`ResponseChoice`, the view of the sampled completion); Python's method resolution and
+``super()`` are the call order. pluggy serves registration and the observers a run names
+(``observers``): they see every turn and may add infos, but never end a trajectory or change its
+reward (see docs/concepts.md).
+
+A scheduler written for ms-swift subclasses :mod:`rlcore.compat.swift`'s classes (what ``from rlcore
+import MultiTurnScheduler`` gives): they adapt ms-swift's names (``infer_request``, ``response_choice``,
+``infer_engine``, the 4.x helpers) to this contract once, in that base class.
 
 Token exactness lives in :mod:`rlcore.rollout.stream`: schedulers edit ``messages`` only, the
 engine turns those edits into loss-mask-0 tokens without re-tokenising what was sampled; the
@@ -17,150 +23,121 @@ invariant checker (:mod:`rlcore.rollout.invariants`) holds every result to the c
 from __future__ import annotations
 
 import contextvars
-import functools
 import inspect
 from typing import Any
 
+import attrs
+
 from ..asyncutil import await_me_maybe
 from ..errors import ConfigError
-from ..types import Completion, SamplingParams, Trajectory
+from ..types import ChatMessage, Completion, SamplingParams, Trajectory
 from .stream import TokenStream
-from ..compat.swift.api import (
-    ChatCompletionResponse,
-    Messages,
-    ResponseChoice,
-    RolloutOutput,
-    as_sampling_params,
-    extract_logprobs,
-)
-from ..compat.swift.v4 import SwiftHelpers
+from .token_backed import restore_snapshots, snapshot_and_materialize
 
 MAX_TURNS_HARD_CAP = 1000
 
-#: the sampler calls of the trajectory whose ``run`` is executing (set per asyncio task by the driver)
+#: the sampler calls of the trajectory whose ``run`` is executing (set per asyncio task by the driver;
+#: a ``run`` override that samples through ms-swift's ``infer_engine`` records them here, and a
+#: :class:`~rlcore.rollout.assemble.RolloutOutput` it returns is assembled against them)
 SAMPLES: contextvars.ContextVar[list[Completion] | None] = contextvars.ContextVar("rlcore_samples", default=None)
 
 #: uuids whose ``on_trajectory_start`` the driver already ran, seen from inside that trajectory's ``run``
 STARTED: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("rlcore_started", default=frozenset())
 
 
-class _Noop:
-    """What the base ``on_trajectory_start`` returns: nothing, and awaitable — ms-swift 4.x's hooks
-    are ``async def``, so a 4.x subclass writes ``await super().on_trajectory_start(requests)``."""
-
-    def __await__(self) -> Any:
-        return iter(())
-
-
-class _AwaitableDict(dict):  # type: ignore[type-arg]
-    """A dict that is also awaitable (to itself): the base ``on_turn_end`` result, usable by rlcore's
-    sync callers and by ms-swift 4.x's ``await super().on_turn_end(...)``."""
-
-    def __await__(self) -> Any:
-        return self
-        yield  # pragma: no cover - makes this a generator
-
-
-def _already_started(trajectories: Any) -> bool:
-    """Whether the driver already started every one of ``trajectories`` in this rollout."""
-    started = STARTED.get()
-    return bool(started) and bool(trajectories) and all(getattr(t, "uuid", None) in started for t in trajectories)
+def as_sampling_params(given: Any, default: SamplingParams | None) -> SamplingParams | None:
+    """``given`` as :class:`SamplingParams`: itself, ``default`` when None, or the sampling fields
+    of a dict or of an object with those attributes (ms-swift's ``RequestConfig``) over ``default``."""
+    if given is None or isinstance(given, SamplingParams):
+        return given or default
+    get = given.get if isinstance(given, dict) else (lambda k, d=None: getattr(given, k, d))
+    base = default or SamplingParams()
+    changes: dict[str, Any] = {}
+    for name in ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty"):
+        v = get(name, None)
+        if v is not None:
+            changes[name] = v
+    stop = get("stop", None)
+    if stop:
+        changes["stop"] = list(stop)
+    return base.replace(**changes)
 
 
-def _once_per_trajectory(fn: Any) -> Any:
-    """Wrap a subclass's ``on_trajectory_start`` so that a call from inside ``run`` for trajectories
-    the driver already started is a no-op: ms-swift 4.x's ``MultiTurnScheduler.run`` starts its own
-    request, and a ``run`` copied from it must not reset an environment twice."""
+@attrs.define
+class ResponseChoice:
+    """What a scheduler's hooks (and the observers) get for a sampled turn: a view of the
+    :class:`Completion` with the fields of ms-swift's ``ChatCompletionResponseChoice``.
 
-    # the check lives at module level: a subclass pickled by value (a Ray worker's copy of a
-    # scheduler defined in a script) then pickles it by reference, not the ContextVar it reads
-    if inspect.iscoroutinefunction(fn):
-        @functools.wraps(fn)
-        async def wrapper_async(self: Any, trajectories: Any, *args: Any, **kwargs: Any) -> Any:
-            if _already_started(trajectories):
-                return None
-            return await fn(self, trajectories, *args, **kwargs)
+    ``message`` is the reply, ``finish_reason`` and ``token_ids`` the completion's; ``logprobs`` has
+    the OpenAI/ms-swift shape (``{"content": [{"token", "token_id", "logprob"}, …]}``), the flat
+    list is ``completion.logprobs``. Other attributes (``text``, ``meta`` …) are the completion's.
+    """
 
-        wrapper: Any = wrapper_async
-    else:
-        @functools.wraps(fn)
-        def wrapper_sync(self: Any, trajectories: Any, *args: Any, **kwargs: Any) -> Any:
-            if _already_started(trajectories):
-                return _Noop()
-            return fn(self, trajectories, *args, **kwargs)
+    completion: Completion
+    tokenizer: Any = None
+    index: int = 0
 
-        wrapper = wrapper_sync
-    wrapper._rlcore_once = True
-    return wrapper
+    @property
+    def message(self) -> ChatMessage:
+        return ChatMessage(role="assistant", content=self.completion.text)
 
+    @property
+    def finish_reason(self) -> str:
+        return self.completion.finish_reason
 
-class _InferEngine:
-    """ms-swift's ``self.infer_engine`` for schedulers that override ``run``: samples the next
-    completion of a request from its (token-exact) stream; the caller appends the message.
+    @property
+    def token_ids(self) -> list[int]:
+        return self.completion.token_ids
 
-    A trailing ``{"role": "assistant", "content": None}`` (ms-swift's "continue the previous
-    assistant message" marker) is dropped before sampling."""
+    @property
+    def routed_experts(self) -> Any:
+        """ms-swift 4.x's MoE routing record of the sample; rlcore's samplers record none (None)."""
+        return self.completion.meta.get("routed_experts")
 
-    def __init__(self, scheduler: "RolloutScheduler") -> None:
-        self.scheduler = scheduler
+    @property
+    def logprobs(self) -> dict[str, list[dict[str, Any]]] | None:
+        lps = self.completion.logprobs
+        if lps is None:
+            return None
+        ids = self.completion.token_ids
+        toks = [self._token(t) for t in ids]
+        return {"content": [{"token": s, "token_id": t, "logprob": lp} for s, t, lp in zip(toks, ids, lps)]}
 
-    async def infer_async(self, infer_request: Trajectory, request_config: Any = None, **_: Any) -> ChatCompletionResponse:
-        msgs = infer_request.messages
-        while msgs and msgs[-1].get("role") == "assistant" and msgs[-1].get("content") is None:
-            msgs.pop()
-        params = as_sampling_params(request_config, self.scheduler.sampling_params)
-        completion = await self.scheduler.generate(infer_request, params, update_messages=False)
-        log = SAMPLES.get()
-        if log is not None:
-            log.append(completion)
-        return ChatCompletionResponse([ResponseChoice(completion, self.scheduler.tokenizer)], list(infer_request.prompt_ids))
+    def _token(self, token_id: int) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.convert_ids_to_tokens(int(token_id)) or ""
 
-    def __getattr__(self, name: str) -> Any:  # ms-swift code may reach engine attributes (tokenizer …)
+    def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
-        if name in ("tokenizer", "default_template", "template"):
-            if name == "tokenizer":
-                return self.scheduler.tokenizer
-            raise AttributeError(f"rlcore's infer_engine has no {name!r} (ms-swift's template object); use self.tokenizer")
-        return getattr(self.scheduler.sampler, name)
+        return getattr(self.completion, name)
 
 
-class RolloutScheduler(SwiftHelpers):
+class RolloutScheduler:
     """Single-turn rollouts: one completion per trajectory. Base of every scheduler.
 
-    ms-swift 4.x's helper methods (``get_response_token_data``, ``prepare_response_continuation``,
-    ``set_assistant_message_token_ids``, ``snapshot_and_materialize_assistant_messages``,
-    ``restore_assistant_message_snapshots``, ``append_assistant_completion``, ``engine``) come from
-    :class:`~rlcore.compat.swift.v4.SwiftHelpers`.
-
     Options: ``max_turns`` (1), ``sampling_params``, ``max_total_tokens`` (stop — truncated — once
-    prompt + completion reach it), ``tools`` (JSON schemas rendered by the chat template; kept in
-    ``self.tool_schemas`` so a subclass may use ``self.tools`` for its own callables, as ms-swift's
-    ToolCallScheduler does). Any other keyword option is kept in ``self.options`` (and ``kwargs``
-    reads in ms-swift style constructors get it). The driver sets ``sampler``/``tokenizer``/
-    ``sampling_params`` when they were not given.
+    prompt + completion reach it), ``tools`` (JSON schemas rendered by the chat template). Any other keyword option is kept in ``self.options``. The driver sets
+    ``sampler``/``tokenizer``/``sampling_params`` when they were not given.
     """
 
     name = "single_turn"
     default_max_turns = 1
     #: True lets an observer's ``{"done": True}`` from ``on_turn_end`` end a trajectory of this scheduler
     observers_may_stop = False
-    #: ms-swift 4.x's template handle (``self._template``); rlcore renders with the tokenizer's chat template
-    _template: Any = None
 
     def __init__(
         self,
         sampler: Any = None,
         max_turns: int | None = None,
-        *args: Any,
+        *,
         tokenizer: Any = None,
         sampling_params: SamplingParams | None = None,
         max_total_tokens: int | None = None,
         tools: list[dict[str, Any]] | None = None,
         **options: Any,
     ) -> None:
-        if sampler is None and "infer_engine" in options:  # ms-swift's constructor argument name
-            sampler = options.pop("infer_engine")
         self.sampler = sampler
         self.tokenizer = tokenizer
         self.max_turns = int(max_turns) if max_turns is not None else self.default_max_turns
@@ -168,38 +145,16 @@ class RolloutScheduler(SwiftHelpers):
             raise ConfigError(f"max_turns must be at least 1, got {max_turns}")
         self.sampling_params = sampling_params
         self.max_total_tokens = max_total_tokens
-        self.tool_schemas = tools
         self.tools = tools
         self.options = options
         self.observers: Any = None  # the run's RunHooks of named observers, set by the driver
         self._streams: dict[str, TokenStream] = {}
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        fn = cls.__dict__.get("on_trajectory_start")
-        if callable(fn) and not getattr(fn, "_rlcore_once", False):
-            cls.on_trajectory_start = _once_per_trajectory(fn)  # type: ignore[method-assign]
-
-    # --- ms-swift compatible attributes -------------------------------------------------------
-    @property
-    def infer_engine(self) -> _InferEngine:
-        """ms-swift's engine handle: ``await self.infer_engine.infer_async(request, request_config)``."""
-        return _InferEngine(self)
-
-    @infer_engine.setter
-    def infer_engine(self, sampler: Any) -> None:
-        self.sampler = sampler
-
     @property
     def template_tools(self) -> list[dict[str, Any]] | None:
-        """The JSON tool schemas the chat template renders: ``tool_schemas``, else ``self.tools`` when
-        it holds schemas (a subclass's dict of callables — ms-swift's ToolCallScheduler — is its own)."""
-        if self.tool_schemas is not None:
-            return self.tool_schemas
-        tools = getattr(self, "tools", None)
-        if isinstance(tools, list) and tools and all(isinstance(t, dict) for t in tools):
-            return tools
-        return None
+        """The JSON tool schemas the chat template renders (``tools``; ms-swift's base class, whose
+        subclasses may keep callables in ``self.tools``, reads them elsewhere)."""
+        return self.tools
 
     def tools_for(self, trajectory: Trajectory) -> list[dict[str, Any]] | None:
         """The tool schemas ``trajectory``'s chat template renders: its own
@@ -208,34 +163,28 @@ class RolloutScheduler(SwiftHelpers):
         own = trajectory.infos.get("template_tools")
         return own if isinstance(own, list) else self.template_tools
 
-    @staticmethod
-    def _extract_logprobs_from_choice(response_choice: Any) -> list[float]:
-        """ms-swift's helper: the choice's per-token logprobs, ``[]`` when it has none."""
-        return extract_logprobs(response_choice)
-
     # --- lifecycle (override these; sync or async) ----------------------------------------------
     def on_trajectory_start(self, trajectories: list[Trajectory]) -> Any:
         """Once per batch before the first turn (reset environments, seed messages). Replacing a
-        trajectory's ``messages`` here is enough: the prompt tokens follow them. Runs once per
-        trajectory: a call from inside ``run`` (ms-swift 4.x's base ``run`` makes one) for a
-        trajectory the driver started is skipped."""
-        return _Noop()
+        trajectory's ``messages`` here is enough: the prompt tokens follow them."""
+        return None
 
-    def on_turn_end(self, infer_request: Trajectory, response_choice: Any, current_turn: int) -> dict[str, Any] | None:
-        """After each assistant turn: ``{"done": bool, "reward": float, "infos": {...}}`` (ms-swift's
-        ``rollout_infos`` is accepted for ``infos``) or None. ``done`` True ends the trajectory;
-        False leaves the decision to ``check_finished`` (in ms-swift 4.x a ``done`` key replaces it)."""
-        return _AwaitableDict()
+    def on_turn_end(self, trajectory: Trajectory, choice: ResponseChoice, turn: int) -> dict[str, Any] | None:
+        """After each assistant turn: ``{"done": bool, "reward": float, "infos": {...}}``
+        (``rollout_infos`` is accepted for ``infos``) or None. ``done`` True ends the trajectory;
+        False leaves the decision to ``check_finished``."""
+        return None
 
-    def step(self, infer_request: Trajectory, response_choice: Any, current_turn: int) -> dict[str, Any]:
-        """Build the next turn; the default changes nothing, so the model continues its message."""
-        return {"infer_request": infer_request}
+    def step(self, trajectory: Trajectory, choice: ResponseChoice, turn: int) -> dict[str, Any]:
+        """Build the next turn (edit ``trajectory.messages``; see :meth:`apply_step` for what a
+        returned dict may carry); the default changes nothing, so the model continues its message."""
+        return {"infer_request": trajectory}
 
-    def check_finished(self, infer_request: Trajectory, response_choice: Any, current_turn: int) -> bool:
+    def check_finished(self, trajectory: Trajectory, choice: ResponseChoice, turn: int) -> bool:
         """Stop on a length-truncated completion or once ``max_turns`` turns are done."""
-        if response_choice.finish_reason == "length":
+        if choice.finish_reason == "length":
             return True
-        return current_turn >= self.max_turns
+        return turn >= self.max_turns
 
     def on_trajectory_end(self, trajectory: Trajectory) -> None:
         """Called on every path (ok, truncated, failed, cancelled): close per-trajectory resources."""
@@ -244,60 +193,62 @@ class RolloutScheduler(SwiftHelpers):
         """Release what the scheduler holds (not the sampler: the caller owns it)."""
 
     # --- the loop -----------------------------------------------------------------------------
-    async def run(self, infer_request: Trajectory, request_config: Any = None, **kwargs: Any) -> Trajectory | list[Trajectory]:
+    async def run(self, trajectory: Trajectory, sampling_params: Any = None, **kwargs: Any) -> Trajectory | list[Trajectory]:
         """Run one trajectory to the end: generate, ``on_turn_end``, ``check_finished``, ``step``.
 
         The scheduler's own methods are called directly, in that order; named observers see each
         turn after ``on_turn_end``."""
-        traj = infer_request
-        params = as_sampling_params(request_config, self.sampling_params)
+        params = as_sampling_params(sampling_params, self.sampling_params)
         turn = 0
-        while traj.status == "running":
+        while trajectory.status == "running":
             turn += 1
-            completion = await self.generate(traj, params)
+            completion = await self.generate(trajectory, params)
             choice = ResponseChoice(completion, self.tokenizer)
-            traj.num_turns = turn
+            trajectory.num_turns = turn
             if completion.finish_reason == "length":
-                traj.status, traj.reason = "truncated", "max_tokens reached"
-            snaps = self.snapshot_and_materialize_assistant_messages(traj)  # hooks read text (ms-swift 4.x)
+                trajectory.status, trajectory.reason = "truncated", "max_tokens reached"
+            # hooks read text: token-backed assistant messages are decoded for them, then put back
+            snaps = snapshot_and_materialize(self.tokenizer, trajectory.messages)
             try:
-                done = apply_turn_end(traj, await await_me_maybe(self.on_turn_end(traj, choice, turn)))
-                done = await self.observe_turn(traj, choice, turn) or done
-                if traj.status == "failed":
+                done = apply_turn_end(trajectory, await await_me_maybe(self.on_turn_end(trajectory, choice, turn)))
+                done = await self.observe_turn(trajectory, choice, turn) or done
+                if trajectory.status == "failed":
                     break
-                finished = done or bool(await await_me_maybe(self.check_finished(traj, choice, turn)))
+                finished = done or bool(await await_me_maybe(self.check_finished(trajectory, choice, turn)))
             finally:
-                self.restore_assistant_message_snapshots(snaps)
-            if traj.status == "failed":
+                restore_snapshots(snaps)
+            if trajectory.status == "failed":
                 break
             if finished or turn >= self.max_turns or turn >= MAX_TURNS_HARD_CAP:
                 break
-            if traj.status == "truncated":  # a scheduler chose to go on after a length stop
-                traj.status, traj.reason = "running", None
-            out = await await_me_maybe(self.step(traj, choice, turn))
-            self.apply_step(traj, out, turn)
-            if self.max_total_tokens and len(traj.sample_input_ids) >= self.max_total_tokens:
-                traj.status, traj.reason = "truncated", f"max_total_tokens ({self.max_total_tokens}) reached"
-        if traj.status == "running":
-            traj.status = "ok"
-        return traj
+            if trajectory.status == "truncated":  # a scheduler chose to go on after a length stop
+                trajectory.status, trajectory.reason = "running", None
+            out = await await_me_maybe(self.step(trajectory, choice, turn))
+            self.apply_step(trajectory, out, turn)
+            if self.max_total_tokens and len(trajectory.sample_input_ids) >= self.max_total_tokens:
+                trajectory.status, trajectory.reason = "truncated", f"max_total_tokens ({self.max_total_tokens}) reached"
+        if trajectory.status == "running":
+            trajectory.status = "ok"
+        return trajectory
 
-    async def observe_turn(self, traj: Trajectory, choice: Any, turn: int) -> bool:
+    async def observe_turn(self, trajectory: Trajectory, choice: ResponseChoice, turn: int) -> bool:
         """Tell the run's observers about a turn; their infos land in ``infos["observers"]``, their
         step rewards in ``infos["observer_rewards"]`` (never in the trained reward). Returns whether
-        an observer asked to stop and this scheduler lets observers stop (``observers_may_stop``)."""
+        an observer asked to stop and this scheduler lets observers stop (``observers_may_stop``).
+        The observers get the hookspec's keyword names (``infer_request``, ``response_choice``,
+        ``current_turn``: the ``on_turn_end`` hook's contract, see :mod:`rlcore.hookspecs`)."""
         if self.observers is None:
             return False
-        results = await self.observers.call_observers("on_turn_end", infer_request=traj, response_choice=choice, current_turn=turn)
+        results = await self.observers.call_observers("on_turn_end", infer_request=trajectory, response_choice=choice, current_turn=turn)
         stop = False
         for plugin, r in results.items():
             if not isinstance(r, dict):
                 continue
             stop = stop or bool(r.get("done"))
-            box = traj.infos.setdefault("observers", {}).setdefault(plugin, {})
+            box = trajectory.infos.setdefault("observers", {}).setdefault(plugin, {})
             box.update(r.get("infos") or r.get("rollout_infos") or {})
             if r.get("reward") is not None:
-                traj.infos.setdefault("observer_rewards", {}).setdefault(plugin, []).append(float(r["reward"]))
+                trajectory.infos.setdefault("observer_rewards", {}).setdefault(plugin, []).append(float(r["reward"]))
         return stop and self.observers_may_stop
 
     # --- building blocks (also for schedulers that override run) -------------------------------
@@ -348,7 +299,11 @@ class RolloutScheduler(SwiftHelpers):
         return completion
 
     def apply_step(self, trajectory: Trajectory, out: Any, turn: int | None = None) -> None:
-        """Apply ``step``'s ms-swift-shaped result: messages, optional response tokens, infos."""
+        """Apply ``step``'s result: None, the trajectory, or a dict — ``infer_request`` (the
+        trajectory, or an object or dict whose ``messages`` replace its messages), ``rollout_infos``
+        (merged into ``infos``), ``response_token_ids`` (with ``response_loss_mask``,
+        ``rollout_logprobs``: this round's response tokens). The keys are ms-swift's, so one
+        ``step`` serves both; see :meth:`TokenStream.replace_response`."""
         who = f"{type(self).__name__}.step"
         if out is None:
             out = {}
@@ -383,7 +338,7 @@ class RolloutScheduler(SwiftHelpers):
 
 class MultiTurnScheduler(RolloutScheduler):
     """Many turns (``max_turns`` default 4). Subclass and override ``step`` (append the next user
-    message to ``infer_request.messages``) and/or ``check_finished`` — or ``run`` entirely."""
+    message to ``trajectory.messages``) and/or ``check_finished`` — or ``run`` entirely."""
 
     name = "multi_turn"
     default_max_turns = 4
@@ -432,7 +387,8 @@ def _check_messages(messages: Any, who: str) -> None:
 
 
 def accepts_request_config(run: Any) -> bool:
-    """Whether an (overridden) ``run`` takes ms-swift's ``request_config`` (else ``run(request)``)."""
+    """Whether an (overridden) ``run`` takes sampling params after the trajectory (ms-swift's
+    ``request_config``), else ``run(trajectory)``."""
     try:
         params = list(inspect.signature(run).parameters.values())
     except (TypeError, ValueError):

@@ -13,11 +13,12 @@ generation, turns the difference into tokens without touching what was sampled:
   and generation continues inside the same message (no new turn header);
 * anything else (earlier messages rewritten) cannot be token-exact and raises a clear error.
 
-ms-swift 4.x's *token-backed* assistant messages (``content`` = the message's exact token ids, see
-:mod:`rlcore.compat.swift.v4`) are checked against the tokens the stream holds before anything
-else: equal ids change nothing, ids for the open assistant message replace its tokens (what still
-matches the sample keeps mask 1 and its logprobs, the rest is mask 0), ids for an earlier message
-must be its tokens, and a closing token (eos) inside a message that goes on is refused.
+*Token-backed* assistant messages (``content`` = the message's exact token ids, see
+:mod:`rlcore.rollout.token_backed`; ms-swift 4.x's schedulers write them) are checked against the
+tokens the stream holds before anything else: equal ids change nothing, ids for the open assistant
+message replace its tokens (what still matches the sample keeps mask 1 and its logprobs, the rest
+is mask 0), ids for an earlier message must be its tokens, and a closing token (eos) inside a
+message that goes on is refused.
 """
 
 from __future__ import annotations
@@ -31,8 +32,7 @@ import attrs
 from ..errors import RlcoreError
 from ..types import Completion, Trajectory, Turn
 from .. import chat_template as tk
-from ..compat.swift.api import token_backed_ids
-from .token_backed import closing_inside, closing_token_ids, message_text
+from .token_backed import closing_inside, closing_token_ids, message_text, token_backed_ids
 
 #: Turn.role of loss-mask-0 text placed *inside* the current assistant message (continuations).
 INLINE_ROLE = "continuation"

@@ -1,20 +1,37 @@
-"""Token-backed assistant messages (ms-swift 4.x): ids in place of text, decoded and checked.
+"""Token-backed assistant messages: ids in place of text, decoded and checked.
 
-ms-swift 4.6.0 (``swift/template/utils.py``: ``get_token_backed_response_ids``) lets an assistant
-message's ``content`` be the exact token ids it was sampled as. These helpers turn such a message
-into the text rlcore's conversation holds and say when its ids cannot be one message's tokens.
+An assistant message's ``content`` may be the exact token ids it was sampled as (a list of ints, or
+a dict holding them under ``token_ids``/``input_ids``; ms-swift 4.6.0's ``swift/template/utils.py``
+accepts the same shapes). The token stream checks such a message against the tokens it holds;
+these helpers turn it into the text rlcore's conversation holds and say when its ids cannot be one
+message's tokens.
 """
 
 from __future__ import annotations
 
+import copy
 import weakref
 from typing import Any
 
 from ..errors import ConfigError
 from .. import chat_template as tk
-from ..compat.swift.api import token_backed_ids
 
 _CLOSING: "weakref.WeakKeyDictionary[Any, frozenset[int]]" = weakref.WeakKeyDictionary()
+
+
+def token_backed_ids(content: Any) -> list[int] | None:
+    """The token ids a token-backed assistant ``content`` stands for, else ``None`` (plain text,
+    multimodal parts): a list of ints, or a dict holding one under ``token_ids`` (else ``input_ids``)."""
+    held = content
+    if isinstance(content, dict):
+        held = content["token_ids"] if "token_ids" in content else content.get("input_ids")
+    if isinstance(held, list) and all(_is_token_id(t) for t in held):
+        return [int(t) for t in held]
+    return None
+
+
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def closing_token_ids(tokenizer: Any) -> frozenset[int]:
@@ -82,3 +99,28 @@ def materialize_messages(tokenizer: Any, messages: list[dict[str, Any]]) -> int:
         m["content"] = message_text(tokenizer, ids)
         n += 1
     return n
+
+
+def assistant_ids(messages: list[dict[str, Any]]) -> Any:
+    """Each assistant message with the token ids its content stands for (``None`` for text)."""
+    return ((m, token_backed_ids(m.get("content"))) for m in messages if m.get("role") == "assistant")
+
+
+def snapshot_and_materialize(tokenizer: Any, messages: list[dict[str, Any]]) -> list[tuple[dict[str, Any], Any]]:
+    """Decode token-backed assistant messages in place for hooks that read text; returns what
+    :func:`restore_snapshots` puts back (nothing when no message is token-backed)."""
+    backed = [(m, ids) for m, ids in assistant_ids(messages) if ids is not None]
+    if not backed:
+        return []
+    if tokenizer is None:
+        raise ConfigError("a token-backed assistant message needs a tokenizer to be decoded; pass tokenizer=")
+    snapshots = [(m, copy.deepcopy(m["content"])) for m, _ in backed]
+    for m, ids in backed:
+        m["content"] = message_text(tokenizer, ids)
+    return snapshots
+
+
+def restore_snapshots(snapshots: list[tuple[dict[str, Any], Any]]) -> None:
+    """Put back the token-backed contents :func:`snapshot_and_materialize` decoded."""
+    for m, content in snapshots:
+        m["content"] = content

@@ -24,8 +24,8 @@ from typing import Any, Callable
 
 from ..asyncutil import to_thread_if_sync
 from ..bounded import DEFAULT_TIMEOUT
-from ..types import Completion, Trajectory
-from .scheduler import MultiTurnScheduler
+from ..types import Trajectory
+from .scheduler import MultiTurnScheduler, ResponseChoice
 from ..chat_template import ChatTemplateError, encode_prompt, render
 from .tool_parsers import ToolCall, check_tool_parser_name, make_tool_parser, parse_tool_calls, run_parser  # noqa: F401 - ToolCall, parse_tool_calls: re-exported
 
@@ -334,6 +334,11 @@ class ToolScheduler(MultiTurnScheduler):
             self.tool_parser  # noqa: B018 - resolve it now: a parser that cannot serve this tokenizer is one line here
 
     @property
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """The JSON schemas of the tool manager's tools (what the chat template renders)."""
+        return self.tool_manager.schemas
+
+    @property
     def tool_parser(self) -> Any:
         """The parser that finds the model's calls (``auto`` resolved for the tokenizer on first use)."""
         if self._parser is None:
@@ -357,23 +362,23 @@ class ToolScheduler(MultiTurnScheduler):
         warn_if_tools_not_rendered(tok, self.template_tools)
         self.tool_parser  # noqa: B018 - resolve it now: a parser that cannot serve this tokenizer says so before any turn
 
-    def check_finished(self, infer_request: Trajectory, response_choice: Completion, current_turn: int) -> bool:
-        if super().check_finished(infer_request, response_choice, current_turn):
+    def check_finished(self, trajectory: Trajectory, choice: ResponseChoice, turn: int) -> bool:
+        if super().check_finished(trajectory, choice, turn):
             return True
-        return not self.parse_calls(infer_request, response_choice.message.content)
+        return not self.parse_calls(trajectory, choice.message.content)
 
     def manager_for(self, trajectory: Trajectory) -> ToolManager:
         """The tools ``trajectory``'s calls run against (one manager for all; a subclass may give
         each trajectory its own, e.g. the methods of its environment)."""
         return self.tool_manager
 
-    async def step(self, infer_request: Trajectory, response_choice: Completion, current_turn: int) -> dict[str, Any]:
+    async def step(self, trajectory: Trajectory, choice: ResponseChoice, turn: int) -> dict[str, Any]:
         stats: dict[str, int] = {}
-        text = response_choice.message.content
-        replies = await self.manager_for(infer_request).run(text, stats, calls=self.parse_calls(infer_request, text))
-        infer_request.messages.extend(replies)
-        infos = infer_request.infos
+        text = choice.message.content
+        replies = await self.manager_for(trajectory).run(text, stats, calls=self.parse_calls(trajectory, text))
+        trajectory.messages.extend(replies)
+        infos = trajectory.infos
         infos["tool_timeouts"] = int(infos.get("tool_timeouts", 0)) + stats.get("tool_timeouts", 0)
         infos["tool_calls"] = int(infos.get("tool_calls", 0)) + len(replies)
         infos["tool_errors"] = int(infos.get("tool_errors", 0)) + sum(1 for r in replies if str(r["content"]).startswith("Error:"))
-        return {"infer_request": infer_request}
+        return {"infer_request": trajectory}

@@ -20,7 +20,7 @@ from transformers import TrainingArguments
 
 from ..errors import ConfigError
 from .checkpoint import check_output_dir
-from ..compat.trl.fields import check_refused
+from .trl_fields import check_refused
 
 SCALE_REWARDS = ("group", "batch", "none")
 IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
@@ -168,7 +168,7 @@ class GRPOConfig(TrainingArguments):
     log_unique_prompts: bool = field(default=False, metadata={"help": "With log_completions: log one completion per distinct prompt (the first), not every completion."})
     vllm_model_impl: str = field(default="vllm", metadata={"help": "vLLM's model implementation for the colocated vllm sampler: vllm or transformers (the engine's model_impl)."})
 
-    # --- TRL options rlcore refuses unless left at TRL's default (rlcore.compat.trl.fields) ----
+    # --- TRL options rlcore refuses unless left at TRL's default (rlcore.training.trl_fields) --
     ds3_gather_for_generation: bool = field(default=True, metadata={"help": "Not supported (DeepSpeed ZeRO-3 generation)."})
     cache_implementation: str | None = field(default=None, metadata={"help": "Not supported."})
     vllm_structured_outputs_regex: str | None = field(default=None, metadata={"help": "Not supported."})

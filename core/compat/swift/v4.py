@@ -31,16 +31,24 @@ Differences from 4.6.0, each because rlcore's token stream makes it so:
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from ...errors import ConfigError
 from ...rollout.stream import MessagesEditError
-from .api import extract_logprobs, token_backed_ids
-from ...rollout.token_backed import closing_inside, closing_token_ids, message_text
+from ...rollout.token_backed import (
+    closing_inside,
+    closing_token_ids,
+    message_text,
+    restore_snapshots,
+    snapshot_and_materialize,
+    token_backed_ids,
+)
+from .api import extract_logprobs
+
 
 class SwiftHelpers:
-    """ms-swift 4.6.0's ``RolloutScheduler`` helper methods; mixed into :class:`RolloutScheduler`.
+    """ms-swift 4.6.0's ``RolloutScheduler`` helper methods; mixed into ms-swift's base classes
+    (:class:`rlcore.compat.swift.adapter.RolloutScheduler`).
 
     Needs ``self.tokenizer`` (and ``self.infer_engine`` for :attr:`engine`)."""
 
@@ -94,20 +102,12 @@ class SwiftHelpers:
     def snapshot_and_materialize_assistant_messages(self, infer_request: Any) -> list[tuple[dict[str, Any], Any]]:
         """Decode token-backed assistant messages in place for text-reading hooks; returns what
         :meth:`restore_assistant_message_snapshots` puts back."""
-        backed = [(m, ids) for m, ids in _assistant_ids(infer_request.messages) if ids is not None]
-        if not backed:
-            return []
-        tok = self._decoding_tokenizer()
-        snapshots = [(m, copy.deepcopy(m["content"])) for m, _ in backed]
-        for m, ids in backed:
-            m["content"] = message_text(tok, ids)
-        return snapshots
+        return snapshot_and_materialize(self.tokenizer, infer_request.messages)
 
     @staticmethod
     def restore_assistant_message_snapshots(snapshots: list[tuple[dict[str, Any], Any]]) -> None:
         """Put back the token-backed contents :meth:`snapshot_and_materialize_assistant_messages` decoded."""
-        for m, content in snapshots:
-            m["content"] = content
+        restore_snapshots(snapshots)
 
     def append_assistant_completion(self, infer_request: Any, completion: str) -> bool:
         """Add ``completion`` as a new assistant message, or append it to a trailing assistant
@@ -136,7 +136,3 @@ class SwiftHelpers:
             raise ConfigError("a token-backed assistant message needs a tokenizer to be decoded; pass tokenizer=")
         return self.tokenizer
 
-
-def _assistant_ids(messages: list[dict[str, Any]]) -> Any:
-    """Each assistant message with the token ids its content stands for (``None`` for text)."""
-    return ((m, token_backed_ids(m.get("content"))) for m in messages if m.get("role") == "assistant")

@@ -1,2 +1,2 @@
-"""TRL compatibility: :mod:`.agents` (``rollout_func``, ``environment_factory``) and
-:mod:`.fields` (TRL's ``GRPOConfig`` field names and how they map onto rlcore's)."""
+"""TRL compatibility: :mod:`.agents` (``rollout_func``, ``environment_factory``). The TRL
+``GRPOConfig`` fields rlcore refuses are its config's own rule (:mod:`rlcore.training.trl_fields`)."""

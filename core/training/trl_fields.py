@@ -3,6 +3,9 @@
 value other than that default is refused with one line saying what to use instead — never
 accepted and ignored. The fields rlcore does implement are ordinary fields of the config.
 
+rlcore's config is TRL's shape, so this list is the config's own rule and lives next to it (the
+old import path under ``compat/trl`` still answers, with a deprecation warning: ``rlcore.compat.moved``).
+
 The list is checked against TRL's dataclass by ``tests/test_trl_compat.py``: every TRL field
 is either an rlcore field with TRL's meaning or listed here.
 """
@@ -11,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...errors import ConfigError
+from ..errors import ConfigError
 
 #: field -> (TRL's default, what to do instead)
 REFUSED: dict[str, tuple[Any, str]] = {

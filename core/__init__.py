@@ -27,6 +27,7 @@ from .envs import Env, EnvStep
 from .rewards import Reward
 from .rollout import (
     EnvScheduler,
+    ResponseChoice,
     RolloutOutput,
     ToolCall,
     ToolParser,
@@ -36,7 +37,7 @@ from .rollout import (
     run_rollouts,
 )
 # ms-swift's base classes and names: a scheduler ported from ms-swift imports them from here
-from .compat.swift import Messages, MultiTurnScheduler, ResponseChoice, RolloutScheduler
+from .compat.swift import Messages, MultiTurnScheduler, RolloutScheduler
 from .sampling.base import Sampler
 
 _moved.install_names()  # names that left a module (rlcore.rollout.remove_response …), kept working

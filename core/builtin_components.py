@@ -32,6 +32,13 @@ def register_schedulers(register: Callable[..., None]) -> None:
              description="runs the model's tool calls (its family's format: tool_parser) with registered tools until none remain or max_turns")
     register("env_scheduler", "rlcore.rollout.env_scheduler:EnvScheduler",
              description="one registered env per trajectory (--env NAME or env_config.name), multi-turn")
+    # TRL's agent arguments of GRPOTrainer (tools=, environment_factory=, rollout_func=) choose these
+    register("trl_tools", "rlcore.compat.trl.agents:TRLToolScheduler",
+             description="TRL's tools=: the tool loop with TRL's tools/* counters from zero")
+    register("trl_environment", "rlcore.compat.trl.agents:EnvironmentToolScheduler",
+             description="TRL's environment_factory=: one environment per trajectory, its methods the tools")
+    register("trl_rollout_func", "rlcore.compat.trl.agents:RolloutFuncScheduler",
+             description="TRL's rollout_func=: a function produces each batch's token ids and logprobs")
 
 
 @hookimpl

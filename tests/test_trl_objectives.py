@@ -105,9 +105,9 @@ def lockstep(tmp: Any, over: dict[str, Any], *, model: str | None = None, reward
             score = t._score
 
             def record_rlcore(trajs: Any, score: Any = score, cap: dict = cap) -> Any:
-                adv, columns, stats = score(trajs)
-                cap["adv"].append(torch.as_tensor(adv, dtype=torch.float32).flatten().clone())
-                return adv, columns, stats
+                scored = score(trajs)
+                cap["adv"].append(torch.as_tensor(scored.advantages, dtype=torch.float32).flatten().clone())
+                return scored
 
             t._score = record_rlcore
         compute = t.compute_loss
@@ -163,7 +163,8 @@ def test_normalize_then_sum_composes_with_other_estimators(tmp_path: Any) -> Non
                    libs=("rlcore",))
     trainer = res["rlcore"]["trainer"]
     trajs = trainer.rollout([_prompt(trainer), _prompt(trainer)])
-    adv, columns, _ = trainer._score(trajs)
+    scored = trainer._score(trajs)
+    adv, columns = scored.advantages, scored.columns
     groups = [t.group_id for t in trajs]
     expected, _ = rloo_advantages(normalize_then_sum(columns, trainer.reward_weights, groups), groups)
     assert torch.allclose(torch.as_tensor(adv), expected.float(), atol=1e-5) and expected.abs().sum() > 0

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 from ..algorithms.logprobs import is_data_parallel
 from ..trainer.grpo import GRPOTrainer
-from ..types import Trajectory
+from ..trainer.scored import Rollout
 from ..training.data_parallel import allreduce_gradients  # noqa: F401 - one implementation, re-exported
 from .staleness import filter_stale, staleness_metrics
 from ..loop.sync import sync_weights
@@ -93,9 +93,12 @@ class RayGRPOTrainer(GRPOTrainer):
             dist.barrier()
 
     # --- async generation ----------------------------------------------------------------------------
-    def rollout(self, prompts: Sequence[Any]) -> list[Trajectory]:
-        if not self.async_generation:
-            return super().rollout(prompts)
+    def rollout(self, prompts: Sequence[Any], num_generations: int | None = None) -> Rollout:
+        """Async generation: this step's batch is the one prefetched while the last step trained
+        (groups older than ``max_staleness`` versions dropped), and the next one starts now. A
+        rollout with its own ``num_generations`` (evaluation's) is synchronous."""
+        if not self.async_generation or num_generations is not None:
+            return super().rollout(prompts, num_generations)
         if self._pending is None:  # first step: nothing prefetched yet
             trajs = super().rollout(prompts)
             self._start_prefetch(self._next_prompts())
@@ -108,7 +111,7 @@ class RayGRPOTrainer(GRPOTrainer):
         version = int(self.state.global_step)
         kept, dropped = filter_stale(trajs, version, self.max_staleness)
         self._dist_metrics.update(staleness_metrics(kept, dropped, version))
-        return kept
+        return Rollout(kept, trajs.invariant_violations, trajs.invariant_check_s)
 
     def _start_prefetch(self, prompts: Sequence[Any]) -> None:
         """Prefetch ``prompts`` now, or — with dynamic sampling — once this step's refill rounds are
@@ -118,7 +121,7 @@ class RayGRPOTrainer(GRPOTrainer):
         else:
             self._prefetch(prompts)
 
-    def _rollout_refill(self, prompts: Sequence[Any]) -> list[Trajectory]:
+    def _rollout_refill(self, prompts: Sequence[Any]) -> Rollout:
         """A dynamic-sampling refill round: synchronous, whatever the async mode (the next step's
         batch is prefetched after the rounds)."""
         return GRPOTrainer.rollout(self, prompts)

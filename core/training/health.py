@@ -7,7 +7,7 @@ flaky env, a timeout) and the step goes on without them; a failed share above
 :class:`~rlcore.errors.RunFailedError` (the CLI exits non-zero). Checkpoints already written stay.
 A run whose rewards score nothing (None or NaN for every trajectory) for ``failure_patience``
 generation steps in a row stops the same way: it would train on nothing while looking fine.
-(A reward that raises on every sample stops the run at once: ``GRPOTrainer._check_reward_failures``.)
+(A reward that raises on every sample stops the run at once: ``rlcore.trainer.scored.check_reward_failures``.)
 """
 
 from __future__ import annotations

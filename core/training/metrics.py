@@ -8,6 +8,7 @@ import contextlib
 import json
 import math
 import os
+import time
 from collections import defaultdict
 from typing import Any, Sequence
 
@@ -152,6 +153,57 @@ class MetricAccumulator:
         self._sums.clear()
         self._counts.clear()
         return out
+
+
+class StepClock:
+    """Wall time between two logged steps and what of it went to generation, with the tokens
+    sampled meanwhile: a logged record's ``step_time``, ``rollout_time``, ``train_time`` (per
+    optimizer step) and ``tokens_per_second``."""
+
+    def __init__(self) -> None:
+        self.started: float | None = None  # train() began (the first log's interval starts here)
+        self.last_log: float | None = None
+        self.last_step = 0
+        self.rollout_time = 0.0
+        self.sampled_tokens = 0.0
+
+    def start(self) -> None:
+        self.started = time.perf_counter()
+
+    def generated(self, seconds: float, tokens: float) -> None:
+        """A generation step took ``seconds`` and sampled ``tokens``."""
+        self.rollout_time += seconds
+        self.sampled_tokens += tokens
+
+    def times(self, step: int, logging_steps: int) -> dict[str, float]:
+        """The interval since the last log (the first one of a process, also after a resume:
+        since ``start``, over at most ``logging_steps`` steps), then a new interval begins."""
+        now = time.perf_counter()
+        if self.last_log is None:
+            steps = max(1, min(step, int(logging_steps)))
+            elapsed = now - (self.started if self.started is not None else now)
+        else:
+            steps = max(1, step - self.last_step)
+            elapsed = now - self.last_log
+        out = {"step_time": elapsed / steps, "rollout_time": self.rollout_time / steps,
+               "train_time": max(0.0, elapsed - self.rollout_time) / steps,
+               "tokens_per_second": self.sampled_tokens / elapsed if elapsed > 0 else 0.0}
+        self.rollout_time = self.sampled_tokens = 0.0
+        self.last_log, self.last_step = now, step
+        return out
+
+
+def step_record(step: int, gen_metrics: dict[str, float], train: dict[str, float], logs: dict[str, float],
+                times: dict[str, float]) -> dict[str, Any]:
+    """A logged training step's line of metrics.jsonl: the generation's metrics, the train side's
+    (averaged over the micro-batches), the Trainer's logs and the :class:`StepClock` times; the
+    losses' usual keys are 0.0 when no micro-batch reported them."""
+    record: dict[str, Any] = {"step": step, **gen_metrics, **train, **logs}
+    record.pop("rollout_only_time", None)
+    record.update(times)
+    for key in ("clip_ratio/low", "clip_ratio/high", "kl", "entropy"):
+        record.setdefault(key, 0.0)
+    return record
 
 
 def append_jsonl(output_dir: str, record: dict[str, Any]) -> None:

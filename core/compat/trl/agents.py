@@ -16,6 +16,10 @@
   Those token ids *are* what trains: the trainer scores exactly them. The conversation the rewards
   see is decoded from them, so the rendering checks of the invariants do not apply; the token-level
   ones do, and a completion whose logprobs or mask do not line up with its tokens fails with a reason.
+
+The three schedulers are registered by name (``trl_tools``, ``trl_environment``, ``trl_rollout_func``
+in :mod:`rlcore.builtin_components`); ``GRPOTrainer`` checks TRL's arguments and builds the chosen
+one through the registry (:class:`rlcore.trainer.construction.TRLAgent`).
 """
 
 from __future__ import annotations
@@ -25,10 +29,8 @@ import inspect
 import math
 from typing import Any, Callable
 
-import attrs
-
 from ...errors import ConfigError
-from ...rollout.scheduler import MAX_TURNS_HARD_CAP, RolloutScheduler
+from ...rollout.scheduler import RolloutScheduler
 from ...rollout.tools import ToolManager, ToolScheduler
 from ...chat_template import encode_prompt
 from ...types import Trajectory, Turn
@@ -38,54 +40,6 @@ def env_methods(instance: Any) -> list[Callable[..., Any]]:
     """The tools of an environment instance: public methods other than reset/get_reward (TRL's rule)."""
     return [getattr(instance, n) for n, _ in inspect.getmembers(type(instance), predicate=inspect.isfunction)
             if n not in ("reset", "get_reward") and not n.startswith("_")]
-
-
-@attrs.define
-class AgentOptions:
-    tools: list[Callable[..., Any]] = attrs.field(factory=list)
-    environment_factory: Callable[[], Any] | None = None
-    rollout_func: Callable[[list[Any], Any], dict[str, Any]] | None = None
-
-    @property
-    def active(self) -> bool:
-        return bool(self.tools) or self.environment_factory is not None or self.rollout_func is not None
-
-    def scheduler(self, args: Any, sampler: Any, tokenizer: Any, trainer: Any = None) -> Any:
-        from ...training.components import sampling_params
-
-        if self.rollout_func is not None:
-            return RolloutFuncScheduler(sampler, rollout_func=self.rollout_func, trainer=trainer, tokenizer=tokenizer,
-                                        sampling_params=sampling_params(args))
-        rounds = args.max_tool_calling_iterations
-        max_turns = MAX_TURNS_HARD_CAP if rounds is None else int(rounds) + 1
-        cls = EnvironmentToolScheduler if self.environment_factory is not None else TRLToolScheduler
-        kwargs: dict[str, Any] = {}
-        if self.environment_factory is not None:
-            kwargs["environment_factory"] = self.environment_factory
-        return cls(sampler, tools=list(self.tools), tokenizer=tokenizer, max_turns=max_turns,
-                   sampling_params=sampling_params(args), tool_parser=args.tool_parser, **kwargs)
-
-
-def trl_agent_options(args: Any, tools: Any, environment_factory: Any, rollout_func: Any, scheduler: Any) -> AgentOptions:
-    """Check TRL's agent arguments before the model loads."""
-    if rollout_func is not None:
-        if not callable(rollout_func):
-            raise ConfigError(f"rollout_func must be a function (prompts, trainer) -> dict, got {type(rollout_func).__name__}")
-        if tools or environment_factory is not None or scheduler is not None or args.scheduler != "default":
-            raise ConfigError("rollout_func produces the completions itself; do not also pass tools, "
-                              "environment_factory or a scheduler")
-    if isinstance(environment_factory, dict) and not environment_factory:
-        raise ConfigError("environment_factory is an empty dict; map each environment name to a factory")
-    if (tools or environment_factory is not None) and (scheduler is not None or args.scheduler != "default"):
-        raise ConfigError("tools/environment_factory choose rlcore's tool scheduler; do not also set scheduler")
-    if tools is not None and not isinstance(tools, (list, tuple)):
-        raise ConfigError(f"tools must be a list of functions, got {type(tools).__name__}")
-    for t in tools or []:
-        if not callable(t):
-            raise ConfigError(f"tool {t!r} is not callable; tools are Python functions")
-    if environment_factory is not None and not callable(environment_factory) and not isinstance(environment_factory, dict):
-        raise ConfigError("environment_factory must be a callable returning an environment (a class works)")
-    return AgentOptions(list(tools or []), environment_factory, rollout_func)
 
 
 class TRLToolScheduler(ToolScheduler):
@@ -174,6 +128,21 @@ class EnvironmentToolScheduler(TRLToolScheduler):
         """The trajectory's own environment's methods (and the standalone tools)."""
         env = self.environment_for(trajectory)
         return ToolManager(self._standalone + env_methods(env)) if env is not None else self.tool_manager
+
+    # what GRPOTrainer asks before the model loads (it reaches this class by its registered name)
+    @staticmethod
+    def reward_types(environment_factory: Any) -> list[type]:
+        """The environment classes that own a reward: :func:`environment_reward_types`."""
+        return environment_reward_types(environment_factory)
+
+    @staticmethod
+    def placeholder_rows(args: Any, environment_factory: Any) -> list[dict[str, Any]]:
+        """The rows that stand in for a missing ``train_dataset``: :func:`placeholder_rows`."""
+        return placeholder_rows(args, environment_factory)
+
+    def environment_rewards(self) -> list[Any]:
+        """This scheduler's environments' rewards: :func:`environment_rewards`."""
+        return environment_rewards(self)
 
 
 def placeholder_rows(args: Any, environment_factory: Any) -> list[dict[str, Any]]:

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from rlcore.compat.moved import MOVED
+from rlcore.compat.moved import MOVED, MOVED_NAMES
 
 REPO = Path(__file__).resolve().parent.parent
 CORE = REPO / "core"
@@ -209,6 +209,11 @@ _OLD = re.compile(r"(?<![\w.])(" + "|".join(re.escape(o) for o in sorted(MOVED, 
 #: a module's old file (``core/rollout/swift4.py``, ``rlcore/train_cli.py``) in prose
 _OLD_FILES = {o.replace("rlcore.", "", 1).replace(".", "/") + ".py" for o in MOVED}
 _FILE = re.compile(r"(?:core|rlcore)/([\w/]+\.py)")
+#: names that left a module which stays (``rlcore.rollout.remove_response``: now ``rlcore.compat.swift``)
+_OLD_NAMES = {f"{module}.{name}" for module, names in MOVED_NAMES.items() for name in names}
+_OLD_NAME = re.compile(r"(?<![\w.])(" + "|".join(re.escape(n) for n in sorted(_OLD_NAMES, key=len, reverse=True))
+                       + r")(?!\w)") if _OLD_NAMES else None
+_FROM_IMPORT = re.compile(r"from (rlcore(?:\.\w+)*) import ([\w, ()]+)")
 
 
 def _repo_files(*patterns: str) -> list[Path]:
@@ -234,9 +239,10 @@ def _resolve(relative: str, package: str) -> str:
 
 
 def test_no_python_file_imports_an_old_path() -> None:
-    """Imports, ``importlib``/registration strings (``"rlcore.x:attr"``, a core package's lazy
-    ``".x"``): the core, its tests, the plugin packages, examples and benches use where a module
-    lives now."""
+    """Imports (of modules, and of names that left a module: ``from rlcore.rollout import
+    remove_response``), ``importlib``/registration strings (``"rlcore.x:attr"``, a core package's
+    lazy ``".x"``): the core, its tests, the plugin packages, examples and benches use where a
+    module lives now."""
     bad = []
     for path in _repo_files("*.py"):
         package = _package_of(path)
@@ -250,7 +256,7 @@ def test_no_python_file_imports_an_old_path() -> None:
                 names = [m.group(1) for m in _OLD.finditer(node.value)]
                 if package and _RELATIVE.fullmatch(node.value):  # importlib.import_module(".x", __name__)
                     names.append(_resolve(node.value, package))
-            bad += [f"{path.relative_to(REPO)}:{node.lineno}: {n}" for n in names if n in MOVED]
+            bad += [f"{path.relative_to(REPO)}:{node.lineno}: {n}" for n in names if n in MOVED or n in _OLD_NAMES]
     assert not bad, "old module paths (use the new one, rlcore.compat.moved.MOVED):\n" + "\n".join(sorted(set(bad)))
 
 
@@ -261,7 +267,13 @@ def test_the_docs_name_only_new_paths() -> None:
             bad += [f"{path.relative_to(REPO)}:{i}: {m.group(1)}" for m in _OLD.finditer(line)]
             bad += [f"{path.relative_to(REPO)}:{i}: {m.group(0)}" for m in _FILE.finditer(line)
                     if m.group(1) in _OLD_FILES or not (CORE / m.group(1)).is_file()]
-    assert not bad, "docs name old module paths or core files that do not exist:\n" + "\n".join(bad)
+            if _OLD_NAME is not None:
+                bad += [f"{path.relative_to(REPO)}:{i}: {m.group(1)}" for m in _OLD_NAME.finditer(line)]
+            for m in _FROM_IMPORT.finditer(line):
+                moved_here = MOVED_NAMES.get(m.group(1), {})
+                bad += [f"{path.relative_to(REPO)}:{i}: from {m.group(1)} import {n}"
+                        for n in re.findall(r"\w+", m.group(2)) if n in moved_here]
+    assert not bad, "docs name old module paths, moved names or core files that do not exist:\n" + "\n".join(bad)
 
 
 def test_every_public_name_of_a_core_package_imports_without_a_deprecation() -> None:

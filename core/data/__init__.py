@@ -85,24 +85,13 @@ def load_prompts(
     rows = list(source) if isinstance(source, (list, tuple)) else load_rows(source, split=split, limit=limit, options=options)
     if isinstance(source, (list, tuple)) and limit is not None:
         rows = rows[:limit]
-    prompts = []
-    for i, r in enumerate(rows):
-        p = row_to_prompt(r, tokenizer, prompt_column=prompt_column, system_prompt=system_prompt, tools=tools, index=i)
-        p.data = other_columns(r, prompt_column)
-        prompts.append(p)
-    return prompts
+    return [row_to_prompt(r, tokenizer, prompt_column=prompt_column, system_prompt=system_prompt, tools=tools,
+                          index=i, prompt_in_data=False) for i, r in enumerate(rows)]
 
 
 def prompt_column_of(row: Mapping[str, Any], prompt_column: str | None = None) -> str | None:
     """The column a row's prompt is read from: ``prompt_column``, else the first of :data:`PROMPT_COLUMNS` it has."""
     return prompt_column if prompt_column is not None else next((c for c in PROMPT_COLUMNS if c in row), None)
-
-
-def other_columns(row: Mapping[str, Any], prompt_column: str | None = None) -> dict[str, Any]:
-    """The row without its ``messages``/``prompt`` column when that is what the prompt was read from
-    (a question-style column stays: rewards read ``question``)."""
-    col = prompt_column_of(row, prompt_column)
-    return {k: v for k, v in row.items() if not (k == col and col in ("messages", "prompt"))}
 
 
 def row_messages(row: dict[str, Any], *, prompt_column: str | None = None, system_prompt: str | None = None,
@@ -179,7 +168,7 @@ def is_standard_prompt(row: Mapping[str, Any], *, prompt_column: str | None = No
 
 def row_to_prompt(row: dict[str, Any], tokenizer: Any, *, prompt_column: str | None = None,
                   system_prompt: str | None = None, tools: list[dict[str, Any]] | None = None,
-                  max_prompt_length: int | None = None, index: int = 0) -> Prompt:
+                  max_prompt_length: int | None = None, index: int = 0, prompt_in_data: bool = True) -> Prompt:
     """One row as a fresh :class:`Prompt` (a new group id each time): the one rule every command uses.
 
     As in TRL, a plain-text ``prompt`` column is a *standard* prompt (:func:`is_standard_prompt`): its
@@ -188,15 +177,17 @@ def row_to_prompt(row: dict[str, Any], tokenizer: Any, *, prompt_column: str | N
     rlcore's other prompt columns (``messages``, ``question`` …, an explicit ``prompt_column``) and any
     row given a ``system_prompt``. ``data`` holds the row's other columns, and ``data["prompt"]`` the
     row's prompt as written (its text or message list, else the messages), which is what TRL-style
-    rewards receive. Over ``max_prompt_length`` tokens, a prompt keeps its last ones (``truncated_tokens``)."""
+    rewards receive (``prompt_in_data=False``: the other columns only, as :func:`load_prompts` gives).
+    Over ``max_prompt_length`` tokens, a prompt keeps its last ones (``truncated_tokens``)."""
     from ..chat_template import encode_prompt
 
-    messages, _ = row_messages(row, prompt_column=prompt_column, system_prompt=system_prompt, index=index)
+    messages, used = row_messages(row, prompt_column=prompt_column, system_prompt=system_prompt, index=index)
+    others = {k: v for k, v in row.items() if k not in used}
     if is_standard_prompt(row, prompt_column=prompt_column, system_prompt=system_prompt):
-        p = Prompt(messages=messages, prompt_ids=list(tokenizer(text=row["prompt"])["input_ids"]), data=dict(row))
+        p = Prompt(messages=messages, prompt_ids=list(tokenizer(text=row["prompt"])["input_ids"]),
+                   data=dict(row) if prompt_in_data else others)
     else:
-        data = other_columns(row, prompt_column)
-        data["prompt"] = _as_written(row, messages, prompt_column)
+        data = {**others, "prompt": _as_written(row, messages, prompt_column)} if prompt_in_data else others
         p = Prompt(messages=messages, prompt_ids=encode_prompt(tokenizer, messages, tools=tools), data=data)
     if max_prompt_length and len(p.prompt_ids) > max_prompt_length:
         p.truncated_tokens = len(p.prompt_ids) - max_prompt_length

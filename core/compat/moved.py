@@ -32,10 +32,8 @@ from typing import Any, Sequence
 #: old module name -> where the module lives now
 MOVED: dict[str, str] = {
     "rlcore.algorithms.plugin": "rlcore.builtin_components",
-    "rlcore.bounded.worker": "rlcore.bounded.child",
     "rlcore.bounded_worker": "rlcore.bounded.child",
     "rlcore.cli": "rlcore.commands.cli",
-    "rlcore.compat.trl.fields": "rlcore.training.trl_fields",
     "rlcore.demo": "rlcore.data.demo",
     "rlcore.distributed.cli": "rlcore.commands.distributed",
     "rlcore.distributed.config": "rlcore.distributed.layout",

@@ -88,3 +88,20 @@ class Sampler:
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=False) if self.tokenizer is not None else ""
+
+
+def attributes_of(package: str, module: str) -> Any:
+    """A package ``__getattr__`` that answers with ``package.module``'s attributes, importing that
+    module on first use: ``rlcore.sampling.hf.HFSampler`` (and ``…vllm.VLLMSampler``) as when each
+    backend was one module, while importing the package loads neither torch nor vLLM."""
+    def __getattr__(name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        import importlib
+
+        try:
+            return getattr(importlib.import_module(f"{package}.{module}"), name)
+        except AttributeError:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
+
+    return __getattr__

@@ -46,11 +46,11 @@ def log_completions(args: Any, global_step: int, trajs: Sequence[Trajectory], ad
     generated for the optimizer step about to run: the step the progress bar and metrics.jsonl give
     it (it printed `[step 0]` beside the bar's step 1); evaluation (``prefix``) runs after a step and
     keeps that step's number."""
+    if not args.should_save:  # only the saving process writes and prints: the others build nothing
+        return
     records = completion_records(trajs, advantages, step=int(global_step) + (0 if prefix else 1),
                                  split=prefix or "train", extras=extras, extras_from=extras_from,
                                  unique_prompts=bool(args.log_unique_prompts))
-    if not args.should_save:
-        return
     os.makedirs(args.output_dir, exist_ok=True)
     with open(os.path.join(args.output_dir, "completions.jsonl"), "a", encoding="utf-8") as f:
         for rec in records:

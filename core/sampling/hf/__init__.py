@@ -6,17 +6,6 @@ decode step). ``rlcore.sampling.hf.HFSampler`` works as it did when this was one
 
 from __future__ import annotations
 
-from typing import Any
+from ..base import attributes_of
 
-
-def __getattr__(name: str) -> Any:
-    if name.startswith("__"):
-        raise AttributeError(name)
-    import importlib
-
-    sampler = importlib.import_module(__name__ + ".sampler")
-
-    try:
-        return getattr(sampler, name)
-    except AttributeError:
-        raise AttributeError(f"module 'rlcore.sampling.hf' has no attribute {name!r}") from None
+__getattr__ = attributes_of(__name__, "sampler")

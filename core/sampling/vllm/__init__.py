@@ -6,17 +6,6 @@ vLLM version we claim calls things). Importing this package does not import vLLM
 
 from __future__ import annotations
 
-from typing import Any
+from ..base import attributes_of
 
-
-def __getattr__(name: str) -> Any:
-    if name.startswith("__"):
-        raise AttributeError(name)
-    import importlib
-
-    engine = importlib.import_module(__name__ + ".engine")
-
-    try:
-        return getattr(engine, name)
-    except AttributeError:
-        raise AttributeError(f"module 'rlcore.sampling.vllm' has no attribute {name!r}") from None
+__getattr__ = attributes_of(__name__, "engine")

@@ -299,3 +299,57 @@ async def test_padding_left_behind_by_finished_rows_is_trimmed(sampler: HFSample
     assert slow.meta["padded_len"] == len(short_prompt) + len(slow.token_ids) - 1
     ref = recompute_logprobs(sampler.model, short_prompt, slow.token_ids, 1.0)
     assert torch.allclose(torch.tensor(slow.logprobs), ref, atol=1e-4)
+
+
+def test_decode_steps_write_into_the_cache_instead_of_copying_it(tiny_model_dir: str) -> None:
+    """The dynamic loop's cache grows into slack (decode.SlackLayer): a step writes its column into
+    the same buffer as the step before (DynamicLayer's update concatenated, a fresh copy each step),
+    and the values attended over are exactly what concatenation gives, also after the decoder
+    replaced the tensors itself (rows leaving the batch)."""
+    from transformers import AutoModelForCausalLM
+
+    from rlcore.sampling.hf import decode
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    ids = torch.randint(3, 60, (3, 5))
+    with torch.inference_mode():
+        cache = model(input_ids=ids, use_cache=True).past_key_values
+        decode._use_slack(cache)
+        layer = cache.layers[0]
+        assert type(layer) is decode.slack_layer() and decode._can_merge(cache)
+        expect_k, expect_v = layer.keys.clone(), layer.values.clone()
+        storages = set()
+        for step in range(6):
+            if step == 3:  # a row leaves: the tensors are replaced from outside, the next update re-buffers
+                keep = torch.tensor([0, 2])
+                cache.batch_select_indices(keep)
+                expect_k, expect_v = expect_k[keep], expect_v[keep]
+            k, v = torch.randn_like(expect_k[..., :1, :]), torch.randn_like(expect_v[..., :1, :])
+            got_k, got_v = layer.update(k, v)
+            expect_k, expect_v = torch.cat([expect_k, k], -2), torch.cat([expect_v, v], -2)
+            assert torch.equal(got_k, expect_k) and torch.equal(got_v, expect_v)
+            storages.add((step >= 3, got_k.untyped_storage().data_ptr()))
+        assert len(storages) == 2, storages  # one buffer before the rows left, one after: no copy per step
+
+
+def test_large_cpu_forwards_use_every_core(tiny_model_dir: str) -> None:
+    """A forward over PARALLEL_MIN_FLOPS runs on every core the process may use (it once kept one for
+    the event loop, which halved a 2-core machine); small ones stay on one thread."""
+    import os
+
+    from rlcore.sampling.hf.sampler import PARALLEL_MIN_FLOPS
+
+    cores = min(torch.get_num_threads(), len(os.sched_getaffinity(0)))
+    if cores < 2:
+        pytest.skip("needs 2 usable cores")
+    s = HFSampler(tiny_model_dir, dtype="float32", device="cpu")
+    before = torch.get_num_threads()
+    try:
+        big = int(PARALLEL_MIN_FLOPS / (2 * s._n_params)) + 1
+        s.set_threads_for(big)
+        assert torch.get_num_threads() == cores
+        s.set_threads_for(1)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+        asyncio.run(s.close())

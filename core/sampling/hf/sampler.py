@@ -69,11 +69,16 @@ class HFSampler(Sampler):
             when the copies fit in 10% of the GPU's memory (1 GiB on the CPU); True/False: always/never.
         num_threads: CPU threads every forward of the decode loop uses (set on the sampler's worker
             thread only). Default on CPU: small forwards (decode steps, a few joiners' prefill —
-            under ``PARALLEL_MIN_FLOPS``) run on one thread and larger ones on all cores but one.
-            Why: an async rollout runs the event loop (chat templates, tokenising, env I/O) beside
-            the decode loop, and hosts are shared; an OpenMP op whose threads are descheduled
-            stalls on its barrier — small forwards on 2 threads next to another torch process were
-            measured 15-40x slower than on 1, while 2 threads gain at most ~1.3x when the CPU is idle.
+            under ``PARALLEL_MIN_FLOPS``) run on one thread and larger ones on every core the process
+            may use. Why one thread for small ones: an OpenMP op whose threads are descheduled stalls
+            on its barrier — small forwards on 2 threads next to another torch process were measured
+            15-40x slower than on 1. Why every core for large ones: on SmolLM2-135M at 16 rows, 2
+            threads decode 1.5x faster than 1 on an idle 2-core machine, and still 1.3x faster with
+            a GIL-holding Python thread busy half the time beside them (an event loop templating and
+            tokenising); the rule once kept a core for the event loop, and halved a 2-core machine
+            for it. The count depends on the batch only, never on the machine's load, so a run
+            samples the same tokens whatever else the host is doing. On a host shared with other
+            torch processes, pass ``num_threads=1``.
     """
 
     name = "hf"
@@ -135,7 +140,7 @@ class HFSampler(Sampler):
         self._asleep = False
         self.num_threads = num_threads
         self._n_params = sum(p.numel() for p in self.model.parameters())
-        self._spare_cores = _spare_cores()
+        self._cores = _usable_cores()
         self.join_window_s = max(0.0, join_window_ms / 1000.0)
         self.decode_mode = decode
         self.cuda_graphs = cuda_graphs
@@ -247,7 +252,7 @@ class HFSampler(Sampler):
         elif 2 * self._n_params * tokens < PARALLEL_MIN_FLOPS:
             want = 1
         else:
-            want = self._spare_cores
+            want = self._cores
         if torch.get_num_threads() != want:
             torch.set_num_threads(want)  # per-thread: the worker's setting only
 
@@ -301,15 +306,15 @@ class HFSampler(Sampler):
         return int(torch.randint(0, 2**62, (1,), generator=self._rng))
 
 
-def _spare_cores() -> int:
-    """Cores this process may use, less one for the event loop, capped by torch's default."""
+def _usable_cores() -> int:
+    """Cores this process may use, capped by torch's default."""
     import torch
 
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
-    return max(1, min(torch.get_num_threads(), cores - 1))
+    return max(1, min(torch.get_num_threads(), cores))
 
 
 def _load_model(path: str, device: Any, dtype: Any) -> Any:

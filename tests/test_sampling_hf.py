@@ -353,3 +353,33 @@ def test_large_cpu_forwards_use_every_core(tiny_model_dir: str) -> None:
     finally:
         torch.set_num_threads(before)
         asyncio.run(s.close())
+
+
+async def test_identical_prompts_are_prefilled_once(sampler: HFSampler, prompts) -> None:
+    """A GRPO group's generations (copies of one prompt) share one prefill row: the prefill forward
+    runs over the distinct prompts only, and every row samples what it samples without the sharing
+    (same seeds, same tokens, logprobs equal to the trainer's forward)."""
+    group = [prompts[1]] * 4 + [prompts[3]] * 3 + [prompts[0]]
+    params = SamplingParams(max_tokens=6, temperature=1.0, stop_token_ids=[-1])
+    widths: list[int] = []
+    hook = sampler.model.register_forward_pre_hook(
+        lambda mod, args, kwargs: widths.append(kwargs["input_ids"].shape[1] > 1 and kwargs["input_ids"].shape[0]) or None,
+        with_kwargs=True)
+    try:
+        shared = await asyncio.gather(*(sampler.generate(p, params.replace(seed=i)) for i, p in enumerate(group)))
+        prefills = [w for w in widths if w]
+        sampler.prefill_dedup = False
+        try:
+            widths.clear()
+            alone = await asyncio.gather(*(sampler.generate(p, params.replace(seed=i)) for i, p in enumerate(group)))
+        finally:
+            sampler.prefill_dedup = True
+        prefills_alone = [w for w in widths if w]
+    finally:
+        hook.remove()
+    assert sum(prefills) == 3 and sum(prefills_alone) == len(group), (prefills, prefills_alone)
+    assert [c.token_ids for c in shared] == [c.token_ids for c in alone]
+    for p, c, a in zip(group, shared, alone):
+        assert torch.allclose(torch.tensor(c.logprobs), torch.tensor(a.logprobs), atol=1e-5)
+        ref = recompute_logprobs(sampler.model, p, c.token_ids, 1.0)
+        assert torch.allclose(torch.tensor(c.logprobs), ref, atol=1e-4)

@@ -62,6 +62,7 @@ class DecodeHost(Protocol):
     cache_kwarg: str  # the forward's KV-cache argument: ``cache`` (transformers 5) or ``past_key_values``
     join_window_s: float
     policy_version: int
+    prefill_dedup: bool  # prefill identical prompts once (set False when the model's cache cannot repeat rows)
 
     @property
     def max_batch_size(self) -> int: ...
@@ -74,19 +75,52 @@ class DecodeHost(Protocol):
 
 def prefill(sampler: DecodeHost, reqs: list[Request], dev: torch.device) -> tuple[Any, torch.Tensor, torch.Tensor, list[int]]:
     """One left-padded forward over the prompts of ``reqs`` (both decode paths admit rows with it):
-    the model output (cache, last-position logits), the padded ids, the attention mask, the prompt lengths."""
+    the model output (cache, last-position logits), the padded ids, the attention mask, the prompt lengths.
+
+    Identical prompts — a GRPO group's generations arrive as ``num_generations`` copies of one
+    prompt — are run once and their cache rows and logits repeated (plain full-attention and
+    sliding-window layers, whose batch rows are independent; for any other cache the forward runs
+    over every row, and the sampler remembers not to try again)."""
     lens = [len(r.prompt_ids) for r in reqs]
-    n, L = len(reqs), max(lens)
+    first: dict[tuple[int, ...], int] = {}
+    owner = [first.setdefault(tuple(r.prompt_ids), len(first)) for r in reqs]
+    if len(first) < len(reqs) and getattr(sampler, "prefill_dedup", True):
+        unique = [list(p) for p in first]
+        out, ids, attn = _prefill(sampler, unique, dev)
+        cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+        if _rows_independent(cache):
+            idx = torch.tensor(owner, device=dev)
+            cache.batch_select_indices(idx)
+            out.logits = out.logits[idx]
+            return out, ids[idx], attn[idx], lens
+        sampler.prefill_dedup = False  # type: ignore[misc]
+    out, ids, attn = _prefill(sampler, [r.prompt_ids for r in reqs], dev)
+    return out, ids, attn, lens
+
+
+def _prefill(sampler: DecodeHost, prompts: list[list[int]], dev: torch.device) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    lens = [len(p) for p in prompts]
+    n, L = len(prompts), max(lens)
     ids = torch.full((n, L), sampler.pad_token_id, dtype=torch.long)
     attn = torch.zeros((n, L), dtype=torch.long)
-    for j, r in enumerate(reqs):
-        ids[j, L - lens[j]:] = torch.tensor(r.prompt_ids, dtype=torch.long)
+    for j, p in enumerate(prompts):
+        ids[j, L - lens[j]:] = torch.tensor(p, dtype=torch.long)
         attn[j, L - lens[j]:] = 1
     ids, attn = ids.to(dev), attn.to(dev)
     sampler.set_threads_for(int(attn.sum()))
     out = sampler.model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp_(min=0),
                         use_cache=True, logits_to_keep=1)
-    return out, ids, attn, lens
+    return out, ids, attn
+
+
+def _rows_independent(cache: Any) -> bool:
+    """Whether repeating a cache's batch rows repeats exactly what a forward over the repeated
+    prompts would have cached: layers whose state is per-row keys and values only."""
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) and layer.is_initialized
+                                for layer in layers)
 
 
 def stop_checker(sampler: DecodeHost, params: SamplingParams, prompt_len: int) -> StopChecker:

@@ -147,6 +147,7 @@ class HFSampler(Sampler):
         self.fused_decode = fused_decode
         self.pack_projections = pack_projections
         self._engine: Any = None  # the static path's cache and graphs, built on first use
+        self.prefill_dedup = True  # identical prompts prefilled once (decode.prefill turns it off if the cache cannot)
         from .static import static_eligible
 
         why = static_eligible(self.model) if decode != "dynamic" else None

@@ -4,8 +4,10 @@ and weight-sync time against model size.
 **Sampler scale-out** (``--what sampler``). One local Ray instance, two sampler actors (one torch
 thread each) hosting the same model. The same rollout — ``--trajectories`` single-turn
 trajectories of exactly ``--max-tokens`` tokens through ``run_rollouts`` and a ``RemoteSampler`` —
-is timed over a pool of worker 0 and over a pool of both, alternating ``--repeats`` times so
-machine noise hits both alike. Beside the ratio it records what bounds it:
+is timed over a pool of worker 0 and over a pool of both (``ratio``: strong scaling, the same work
+split in two), and twice the trajectories over both (``ratio_weak``: each worker holding the batch
+one worker held, the way a sampler pool is sized for throughput), alternating ``--repeats`` times so
+machine noise hits all alike. Beside the ratios it records what bounds them:
 
 * ``ceiling``: one worker's time for all the trajectories over its time for half of them — what two
   perfectly independent workers (each doing half) could reach at best. The ``hf`` sampler decodes
@@ -100,13 +102,15 @@ def bench_sampler(size: str, args: argparse.Namespace) -> dict[str, Any]:
     cfg = DistributedConfig(sampler=WorkerGroupConfig(num_workers=2, num_cpus=1.0, torch_threads=1), worker_timeout_s=900)
     placed, both = start_samplers(cfg, model, seed=0)
     one = RemoteSampler(both.workers[:1], both.tokenizer, timeout_s=900)
-    prompts = make_prompts(both.tokenizer, args.trajectories)
+    doubled = make_prompts(both.tokenizer, 2 * args.trajectories)
+    prompts = doubled[: args.trajectories]
     half = prompts[: len(prompts) // 2]
     rows: list[dict[str, Any]] = []
     try:
         asyncio.run(timed_rollout(both, prompts[:4], 2))  # warm both workers up
         for r in range(args.repeats):
-            for label, pool, batch in (("1", one, prompts), ("2", both, prompts), ("1_half", one, half)):
+            for label, pool, batch in (("1", one, prompts), ("2", both, prompts), ("1_half", one, half),
+                                       ("2_doubled", both, doubled)):
                 before = {i["rank"]: i for i in pool.infos()}
                 load = os.getloadavg()[0]
                 row = asyncio.run(timed_rollout(pool, batch, args.max_tokens))
@@ -125,6 +129,9 @@ def bench_sampler(size: str, args: argparse.Namespace) -> dict[str, Any]:
     t1, t2, t_half = med("1", "seconds"), med("2", "seconds"), med("1_half", "seconds")
     return {
         "size": size, "tokens_per_s_1": med("1"), "tokens_per_s_2": med("2"), "ratio": med("2") / med("1"),
+        # weak scaling: each of 2 workers holds the batch one worker held (2x the trajectories) — what a
+        # sampler pool adds per worker at the same load, free of the batching economics the ceiling measures
+        "tokens_per_s_2_doubled": med("2_doubled"), "ratio_weak": med("2_doubled") / med("1"),
         "ceiling": t1 / t_half, "efficiency": t_half / t2,
         "driver_cpu_per_s_1": med("1", "driver_cpu_s") / t1, "driver_cpu_per_s_2": med("2", "driver_cpu_s") / t2,
         "runs": rows,
@@ -221,9 +228,14 @@ def plot(results: dict[str, Any], path: Path) -> None:
         if key in ("sampler", "policy"):
             done = [r for r in results[key] if "ratio" in r]
             labels, ratios = [r["size"] for r in done], [r["ratio"] for r in done]
-            bars = ax.bar(labels, ratios, color="#2a7ab9", label="2 workers / 1")
+            bars = ax.bar(labels, ratios, color="#2a7ab9", label="2 workers / 1" + (" (same work)" if key == "sampler" else ""))
             if key == "sampler":
-                ax.scatter(labels, [r["ceiling"] for r in done], color="k", zorder=3, label="batching ceiling")
+                ax.scatter(labels, [r["ceiling"] for r in done], color="k", zorder=3, label="batching ceiling (same work)")
+                weak = [r.get("ratio_weak") for r in done]
+                if all(w is not None for w in weak):
+                    ax.scatter(labels, weak, color="#d95f02", marker="D", zorder=3, label="2 workers, 2x work / 1")
+                    for x, w in zip(labels, weak):
+                        ax.annotate(f"{w:.2f}x", (x, w), textcoords="offset points", xytext=(8, 0), fontsize=8, color="#d95f02")
             for b, v in zip(bars, ratios):
                 ax.text(b.get_x() + b.get_width() / 2, v, f"{v:.2f}x", ha="center", va="bottom")
             ax.axhline(2.0, color="#888888", ls="--", lw=1)

@@ -156,24 +156,41 @@ def bench_policy(size: str, args: argparse.Namespace) -> dict[str, Any]:
                    num_generations=1)
     adv = [float(i % 3) - 1.0 for i in range(len(trajs))]
     del local, sampler
-    initialize(mode="ray", groups=[DeviceGroup("p1", num_workers=1, num_cpus=1.0),
-                                   DeviceGroup("p2", num_workers=2, num_cpus=1.0)])
     rows: list[dict[str, Any]] = []
-    try:
-        policies = {1: Policy(model, loss="dapo", remote_group="p1"), 2: Policy(model, loss="dapo", remote_group="p2")}
+
+    def one_run(workers: int, policy: Any, r: int) -> None:
+        load = os.getloadavg()[0]
+        t0 = time.perf_counter()
+        m = policy.forward_backward(trajs, adv)
+        policy.clip_grad_and_step()
+        wall = time.perf_counter() - t0
+        rows.append({"workers": workers, "repeat": r, "tokens": m["num_tokens"], "seconds": wall,
+                     "tokens_per_s": m["num_tokens"] / wall, "load_avg": load})
+        print(f"  policy {size}: {workers} worker(s) {m['num_tokens'] / wall:.0f} tok/s (load {load:.1f})", flush=True)
+
+    def start(workers_list: list[int]) -> dict[int, Any]:
+        initialize(mode="ray", groups=[DeviceGroup(f"p{w}", num_workers=w, num_cpus=1.0) for w in workers_list])
+        policies = {w: Policy(model, loss="dapo", remote_group=f"p{w}") for w in workers_list}
         for p in policies.values():  # warm-up
             p.forward_backward(trajs[:4], adv[:4])
             p.clip_grad_and_step()
-        for r in range(args.repeats):
-            for workers, policy in policies.items():
-                load = os.getloadavg()[0]
-                t0 = time.perf_counter()
-                m = policy.forward_backward(trajs, adv)
-                policy.clip_grad_and_step()
-                wall = time.perf_counter() - t0
-                rows.append({"workers": workers, "repeat": r, "tokens": m["num_tokens"], "seconds": wall,
-                             "tokens_per_s": m["num_tokens"] / wall, "load_avg": load})
-                print(f"  policy {size}: {workers} worker(s) {m['num_tokens'] / wall:.0f} tok/s (load {load:.1f})", flush=True)
+        return policies
+
+    try:
+        if args.policy_sequential:
+            # One group alive at a time (a model this size times 3 workers with Adam state may not fit
+            # beside the driver on a small box); the repeats of a group run back to back.
+            for workers in (1, 2):
+                policies = start([workers])
+                for r in range(args.repeats):
+                    one_run(workers, policies[workers], r)
+                del policies
+                shutdown()
+        else:
+            policies = start([1, 2])
+            for r in range(args.repeats):
+                for workers, policy in policies.items():
+                    one_run(workers, policy, r)
     finally:
         shutdown()
         initialize(mode="local")
@@ -261,6 +278,9 @@ def main() -> None:
     ap.add_argument("--policy-sizes", default=None, help="sizes for --what policy (default: --sizes)")
     ap.add_argument("--trajectories", type=int, default=32)
     ap.add_argument("--policy-trajectories", type=int, default=32)
+    ap.add_argument("--policy-sequential", action="store_true",
+                    help="policy: start the 1-worker group, measure it, stop it, then the 2-worker group "
+                         "(default: both alive, runs alternating)")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=str(RESULTS / "scale"))
@@ -302,7 +322,7 @@ def main() -> None:
     meta = {
         "cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version(),
         "trajectories": args.trajectories, "policy_trajectories": args.policy_trajectories, "max_tokens": args.max_tokens,
-        "repeats": args.repeats, "torch_threads_per_worker": 1, "load_avg_at_start": load0[0],
+        "repeats": args.repeats, "policy_sequential": args.policy_sequential, "torch_threads_per_worker": 1, "load_avg_at_start": load0[0],
         "load_avg_at_end": os.getloadavg()[0],
     }
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, **results}, indent=2))

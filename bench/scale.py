@@ -29,7 +29,10 @@ through the object store and through a gloo broadcast in buckets, for each model
     python bench/scale.py                               # everything, tiny and small models
     python bench/scale.py --what sampler --sizes tiny,smollm2 --trajectories 32
     python bench/scale.py --what sync --sizes tiny,small,smollm2
-    python bench/scale.py --sizes tiny,small,smollm2 --policy-sizes tiny,small   # the committed run
+    python bench/scale.py --what policy --sizes smollm2 --policy-sequential    # one group alive at a time
+
+The committed ``bench/results/scale.json`` merges five such runs (their commands are in its
+``meta.parts``; docs/distributed.md lists them).
 
 Writes ``bench/results/scale.json`` and ``.png`` (``--out``). ``meta.load_avg`` is the machine's
 load during the run: on a shared 2-core box every ratio here is a lower bound.

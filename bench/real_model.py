@@ -380,8 +380,11 @@ def learning_summary(curves: dict[str, dict[str, list[Any]]], times: dict[str, l
             continue
         k = max(1, round(0.1 * a.steps))
         # a run stopped a step short still has a last 10% (of the steps it logged: "steps" says how many)
+        lens = [float(x) for x in c.get("completion_length", []) if x is not None]
         out["runs"][name] = {"steps": len(r), "first_10pct": statistics.mean(r[:k]),
                              "last_10pct": statistics.mean(r[-k:]) if len(r) >= a.steps - 1 else None,
+                             "completion_length_first_10pct": statistics.mean(lens[:k]) if lens else None,
+                             "completion_length_last_10pct": statistics.mean(lens[-k:]) if lens else None,
                              "wall_s": round(sum(times[name]), 1),
                              "median_step_s": round(statistics.median(times[name]), 2) if times[name] else None}
     for fw in ("rlcore", "trl"):
@@ -390,33 +393,89 @@ def learning_summary(curves: dict[str, dict[str, list[Any]]], times: dict[str, l
             out[fw] = {"first_10pct_mean": statistics.mean(v["first_10pct"] for v in runs),
                        "last_10pct_mean": statistics.mean(v["last_10pct"] for v in runs),
                        "wall_s": round(sum(v["wall_s"] for v in runs), 1)}
+            if len(runs) > 1:  # the seed-to-seed spread: the yardstick "within noise" is read against
+                out[fw]["first_10pct_sd"] = statistics.stdev(v["first_10pct"] for v in runs)
+                out[fw]["last_10pct_sd"] = statistics.stdev(v["last_10pct"] for v in runs)
+            if all(v["completion_length_last_10pct"] is not None for v in runs):
+                out[fw]["completion_length_first_10pct_mean"] = statistics.mean(v["completion_length_first_10pct"] for v in runs)
+                out[fw]["completion_length_last_10pct_mean"] = statistics.mean(v["completion_length_last_10pct"] for v in runs)
     if "rlcore" in out and "trl" in out:
         out["goal_last_10pct_rlcore_ge_trl"] = out["rlcore"]["last_10pct_mean"] >= out["trl"]["last_10pct_mean"]
+        out["learnt"] = learnt_sentence(out)
     return out
 
 
+#: a reply of at most this many tokens (last 10% of steps, mean) is the number alone and its EOS
+SHORT_REPLY_TOKENS = 4.5
+
+
+def learnt_sentence(summary: dict[str, Any]) -> str:
+    """What the runs learnt, in words: each framework's reward move (first -> last 10% of steps, mean
+    of the seeds) and, per run, which of the task's two optima it reached — the sum alone (a reply of
+    a few tokens ending in EOS) or a reply running to the length cap with mostly digits (the share of
+    digits pays without the right first number)."""
+    parts = []
+    for fw, label in (("rlcore", "rlcore"), ("trl", "TRL")):
+        s = summary[fw]
+        runs = {n[len(fw):]: v for n, v in summary["runs"].items() if n.startswith(fw)}
+        modes = []
+        for seed, v in sorted(runs.items()):
+            length = v.get("completion_length_last_10pct")
+            kind = ("the number alone" if length is not None and length <= SHORT_REPLY_TOKENS
+                    else "long replies of mostly digits")
+            modes.append(f"seed {seed}: {kind}, {length:.1f} tokens, reward {v['last_10pct']:.2f}"
+                         if length is not None else f"seed {seed}: reward {v['last_10pct']:.2f}")
+        parts.append(f"{label} mean reward {s['first_10pct_mean']:.2f} -> {s['last_10pct_mean']:.2f} ("
+                     + "; ".join(modes) + ")")
+    gained = all(summary[fw]["last_10pct_mean"] > summary[fw]["first_10pct_mean"] for fw in ("rlcore", "trl"))
+    verdict = ("both learnt the format (the reward rose on every framework)" if gained
+               else "the reward did not rise on both: no learning to report")
+    return "; ".join(parts) + f". First/last 10% of steps: {verdict}"
+
+
 def plot_learning(curves: dict[str, dict[str, list[Any]]], summary: dict[str, Any], a: argparse.Namespace) -> None:
+    """Three panels: every run's reward per step; each framework's mean over its seeds (5-step rolling
+    mean); each framework's mean reply length (what the model learnt to do with its replies)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5), dpi=110)
     styles = {"rlcore": "tab:blue", "trl": "tab:gray"}
+    seeds = [str(x) for x in a.seeds]
     for name, c in curves.items():
         fw = "rlcore" if name.startswith("rlcore") else "trl"
         seed = name[len(fw):]
         run = summary["runs"].get(name, {})
-        ax.plot(range(1, len(c["reward"]) + 1), c["reward"], color=styles[fw], alpha=0.9,
-                ls="-" if seed == str(a.seeds[0]) else "--",
-                label=f"{'rlcore' if fw == 'rlcore' else 'TRL'} seed {seed}: {run.get('first_10pct', 0):.2f} → "
-                      f"{(run.get('last_10pct') or 0):.2f}")
-    ax.set_xlabel("step")
-    ax.set_ylabel("mean reward (digits, 0-2)")
-    ax.set_title(f"GRPO on SmolLM2-135M (fp32 CPU), digits task, {a.prompts}×{a.num_generations} × ≤"
-                 f"{a.max_completion_length} tok, lr {a.learning_rate:g}", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+        axes[0].plot(range(1, len(c["reward"]) + 1), c["reward"], color=styles[fw], alpha=0.8, lw=1,
+                     ls=["-", "--", ":", "-."][seeds.index(seed) % 4] if seed in seeds else "-",
+                     label=f"{'rlcore' if fw == 'rlcore' else 'TRL'} seed {seed}: {run.get('first_10pct', 0):.2f} → "
+                           f"{(run.get('last_10pct') or 0):.2f}")
+
+    def mean_curve(fw: str, key: str) -> list[float]:
+        runs = [[float(x) if x is not None else float("nan") for x in c[key]] for n, c in curves.items() if n.startswith(fw) and c[key]]
+        n = min((len(r) for r in runs), default=0)
+        return [statistics.mean(r[k] for r in runs) for k in range(n)]
+
+    for fw, label in (("rlcore", "rlcore"), ("trl", "TRL")):
+        m = mean_curve(fw, "reward")
+        rolled = [statistics.mean(m[max(0, k - 4):k + 1]) for k in range(len(m))]
+        s = summary.get(fw, {})
+        axes[1].plot(range(1, len(m) + 1), rolled, color=styles[fw], lw=2,
+                     label=f"{label}, mean of {len(seeds)} seeds: {s.get('first_10pct_mean', 0):.2f} → {s.get('last_10pct_mean', 0):.2f}")
+        lens = mean_curve(fw, "completion_length")
+        axes[2].plot(range(1, len(lens) + 1), lens, color=styles[fw], lw=2, label=label)
+    axes[0].set_ylabel("mean reward (digits, 0-2)")
+    axes[0].set_title(f"every run: SmolLM2-135M fp32 CPU, {a.prompts}×{a.num_generations} × ≤{a.max_completion_length} tok, "
+                      f"lr {a.learning_rate:g}", fontsize=9)
+    axes[1].set_title("mean over seeds, 5-step rolling mean", fontsize=9)
+    axes[2].set_ylabel("mean reply length (tokens)")
+    axes[2].set_title("mean reply length over seeds", fontsize=9)
+    for ax in axes:
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(a.out + ".png")
 

@@ -187,6 +187,25 @@ def test_generation_batches_match_trl(tmp_path: Any, over: dict[str, Any]) -> No
     assert res["trl"][0].state.global_step == res["rlcore"][0].state.global_step
 
 
+@pytest.mark.parametrize("over", [
+    dict(max_steps=6),                                              # 4 steps a pass: crosses into the second
+    dict(gradient_accumulation_steps=2, steps_per_generation=2, max_steps=3),
+    dict(steps_per_generation=4, num_iterations=2, max_steps=3),
+    dict(num_iterations=2, max_steps=3),
+])
+def test_logged_epoch_counts_passes_over_the_dataset_as_trl(tmp_path: Any, over: dict[str, Any]) -> None:
+    """The logged ``epoch`` is TRL's (a pass over the prompts), not the fraction of ``max_steps`` done;
+    a run longer than one pass keeps training into the next."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        res = both(tmp_path, lambda: (Counter(), standard_rows(4)), **over)
+    epochs = {name: [round(h["epoch"], 6) for h in logs] for name, (_, _, logs) in res.items()}
+    assert epochs["rlcore"] == epochs["trl"], epochs
+    assert res["rlcore"][0].state.global_step == over["max_steps"]
+
+
 # --- 5. metric keys: every key TRL logs, rlcore logs too --------------------------------------------
 @pytest.mark.parametrize("over", [dict(), dict(beta=0.04), dict(loss_type="cispo"), dict(loss_type="luspo", importance_sampling_level="sequence"),
                                   dict(loss_type="vespo"), dict(loss_type="grpo", scale_rewards=False), dict(scale_rewards=True, loss_type="bnpo"),

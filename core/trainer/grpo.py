@@ -156,10 +156,13 @@ class GRPOTrainer(Trainer):
         return int(self.args.steps_per_generation) * self.args.num_iterations
 
     def get_train_dataloader(self) -> torch.utils.data.DataLoader:
+        """One item per micro-step of one pass over the prompts, as TRL's dataloader is long, so the
+        Trainer's ``epoch`` (logged, and what ``eval_strategy``/``save_strategy="epoch"`` count) is a
+        pass over the dataset as on TRL; ``max_steps`` runs through as many passes as it needs."""
         gens_per_epoch = max(1, math.ceil(len(self.rows) / self.args.prompts_per_generation))
         n = gens_per_epoch * self.micro_steps_per_generation
-        if self.args.max_steps and self.args.max_steps > 0:
-            n = self.args.max_steps * self.args.gradient_accumulation_steps
+        accum = max(1, int(self.args.gradient_accumulation_steps))
+        n = math.ceil(n / accum) * accum  # whole optimizer steps: no short accumulation at a pass's end
         return torch.utils.data.DataLoader(StepCounter(n), batch_size=1, collate_fn=lambda items: {"micro_step": items})
 
     def _prepare_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:

@@ -209,6 +209,40 @@ async def test_run_overridden_ms_swift_style(tok: Any) -> None:
     assert a.status == "failed" and "2 rounds of response_token_ids" in a.reason and "Split" in a.reason
 
 
+async def test_a_run_override_signature_is_read_once_per_rollout_not_per_trajectory(tok: Any) -> None:
+    """The driver asks once per run_rollouts whether ``run`` takes the sampling params (inspecting a
+    signature costs about half a millisecond: per trajectory it was a tenth of a tiny-model driver's
+    CPU); both call forms still work."""
+    import inspect
+
+    reads: list[int] = []
+
+    class CountedRun:
+        """A callable ``run`` whose signature reads are counted (inspect.signature reads __signature__)."""
+
+        def __init__(self, scheduler: Any, with_params: bool) -> None:
+            self.scheduler, self.with_params, self.params_seen = scheduler, with_params, []
+
+        @property
+        def __signature__(self) -> inspect.Signature:
+            reads.append(1)
+            names = ["trajectory", "request_config"] if self.with_params else ["trajectory"]
+            return inspect.Signature([inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names])
+
+        async def __call__(self, trajectory: Any, *rest: Any) -> Any:
+            self.params_seen.append(rest)
+            return await RolloutScheduler.run(self.scheduler, trajectory)
+
+    for with_params in (True, False):
+        reads.clear()
+        sched = RolloutScheduler(ScriptedSampler(["ok"], tok), sampling_params=PARAMS)
+        sched.run = CountedRun(sched, with_params)  # type: ignore[method-assign]
+        res = await run_rollouts(sched, prompts(tok, 4), num_generations=2, progress=False)
+        assert res.stats["ok"] == 8, res.stats
+        assert len(reads) == 1, f"signature read {len(reads)} times for 8 trajectories"
+        assert sched.run.params_seen == ([(PARAMS,)] * 8 if with_params else [()] * 8)
+
+
 async def test_failures_timeouts_and_cleanup(tok: Any) -> None:
     ended: list[str] = []
 

@@ -97,6 +97,7 @@ async def run_rollouts(
     results: list[list[Trajectory]] = [] if stream else [[] for _ in trajs]
     tally, seen = _Tally(), {}  # streaming: counts and uuids only, never the finished trajectories
     who = scheduler_label(scheduler)
+    with_params = accepts_request_config(scheduler.run)  # once a run, not once a trajectory (inspect is slow)
     with bar:
         try:
             await await_me_maybe(scheduler.on_trajectory_start(trajs))
@@ -109,7 +110,7 @@ async def run_rollouts(
 
         async def one(i: int, trajectory: Trajectory) -> None:
             async with sem:
-                done = await _run_one(scheduler, trajectory, timeout, check)
+                done = await _run_one(scheduler, trajectory, timeout, check, with_params)
             bar.advance(done)
             if not stream:
                 results[i] = done
@@ -136,8 +137,11 @@ async def run_rollouts(
     return RolloutResult(flat, stats)
 
 
-async def _run_one(scheduler: RolloutScheduler, trajectory: Trajectory, timeout: float | None, check: bool = True) -> list[Trajectory]:
-    """Run one trajectory; every exception becomes ``failed`` + reason; cleanup on every path."""
+async def _run_one(scheduler: RolloutScheduler, trajectory: Trajectory, timeout: float | None, check: bool = True,
+                   with_params: bool = True) -> list[Trajectory]:
+    """Run one trajectory; every exception becomes ``failed`` + reason; cleanup on every path.
+    ``with_params``: ``scheduler.run`` takes the sampling params after the trajectory (ms-swift's
+    ``request_config``; :func:`accepts_request_config`, asked once for the whole run)."""
     out: Any = trajectory
     samples: list[Any] = []
     SAMPLES.set(samples)
@@ -146,7 +150,7 @@ async def _run_one(scheduler: RolloutScheduler, trajectory: Trajectory, timeout:
     try:
         if trajectory.status == "running":  # on_trajectory_start may have failed it already
             run = scheduler.run
-            if accepts_request_config(run):
+            if with_params:
                 coro = run(trajectory, getattr(scheduler, "sampling_params", None))
             else:  # an override without sampling params: run(self, trajectory)
                 coro = run(trajectory)

@@ -97,7 +97,9 @@ async def run_rollouts(
     results: list[list[Trajectory]] = [] if stream else [[] for _ in trajs]
     tally, seen = _Tally(), {}  # streaming: counts and uuids only, never the finished trajectories
     who = scheduler_label(scheduler)
-    with_params = accepts_request_config(scheduler.run)  # once a run, not once a trajectory (inspect is slow)
+    # once a run, not once a trajectory (inspect is slow); a scheduler without run still fails each
+    # trajectory with the reason, where _run_one reads scheduler.run
+    with_params = accepts_request_config(getattr(scheduler, "run", None))
     with bar:
         try:
             await await_me_maybe(scheduler.on_trajectory_start(trajs))
